@@ -1,0 +1,296 @@
+//! The commands the core understands and the replies it gives.
+//!
+//! Commands are plain data: the host builds one from each wire request, the command log stores
+//! them, and replaying the same `(now, Command)` sequence gives the same replies on every target.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+use crate::key::Key;
+use crate::pool::PageCounts;
+
+/// Milliseconds on the host's clock. The core never reads a clock; every command comes with one.
+pub type Millis = u64;
+
+/// A set of pools and keys that shares nothing with any other space.
+///
+/// vLLM's routes use [`Space::Vllm`]: one key table whose keys span every TP rank, FIFO pools.
+/// SGLang's `rank:namespace` pools (a later addition) get spaces of their own, so no SGLang
+/// namespace string can ever name the vLLM space.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub enum Space {
+    /// The vLLM HF3FS connector's pools and keys.
+    Vllm,
+}
+
+/// Settings that change how later commands behave. They are a command themselves, so a
+/// command log replays old records under the settings they were applied with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Settings {
+    /// How long an allocated page stays reserved for its key without a confirm.
+    pub reservation_ttl: Millis,
+    /// `Some(n)`: a key is complete when ranks `0..n` have all confirmed it, and ranks `>= n`
+    /// are refused. `None`: the TP world is the set of initialized ranks.
+    pub world_size: Option<u32>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings { reservation_ttl: 60_000, world_size: None }
+    }
+}
+
+/// A typed request to the core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Command {
+    /// Replace the settings.
+    Configure(Settings),
+    /// Create a rank's pool (or re-create it with another size, dropping the keys on it).
+    Initialize {
+        /// Which space.
+        space: Space,
+        /// The rank.
+        rank: u32,
+        /// Pages in the rank's file; at least 1.
+        num_pages: u32,
+    },
+    /// Reserve one page per distinct key on a rank (all or nothing); complete keys get
+    /// their existing page back.
+    Allocate {
+        /// Which space.
+        space: Space,
+        /// The rank.
+        rank: u32,
+        /// Keys in request order; duplicates count once.
+        keys: Vec<Key>,
+    },
+    /// Commit written pages and release failed ones.
+    Confirm {
+        /// Which space.
+        space: Space,
+        /// The rank.
+        rank: u32,
+        /// `(key, page)` pairs the writer finished.
+        confirmations: Vec<(Key, u32)>,
+        /// Pages the writer gives back unwritten.
+        releases: Vec<u32>,
+    },
+    /// Which keys are complete (a pure read).
+    Exists {
+        /// Which space.
+        space: Space,
+        /// Keys to look up.
+        keys: Vec<Key>,
+    },
+    /// The page of each complete key on one rank.
+    Locations {
+        /// Which space.
+        space: Space,
+        /// The rank.
+        rank: u32,
+        /// Keys to look up.
+        keys: Vec<Key>,
+    },
+    /// Drop every rank and key of a space.
+    Clear {
+        /// Which space.
+        space: Space,
+    },
+    /// Counts of everything (a pure read).
+    Stats,
+}
+
+impl Command {
+    /// Whether applying this command can change the state (what a command log must record).
+    pub fn is_mutating(&self) -> bool {
+        !matches!(self, Command::Exists { .. } | Command::Locations { .. } | Command::Stats)
+    }
+}
+
+/// What [`Command::Initialize`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum InitOutcome {
+    /// A new pool. `joined_after_keys`: keys were already committed in this space, and
+    /// they are incomplete until this rank stores them too.
+    Created {
+        /// Whether committed keys existed before this rank joined.
+        joined_after_keys: bool,
+    },
+    /// The rank existed with this size; nothing changed.
+    Unchanged,
+    /// The rank existed with another size: its pool was re-created and every key that had a
+    /// page on it was dropped on all ranks.
+    Recreated {
+        /// The size the rank had.
+        old_num_pages: u32,
+        /// Keys dropped.
+        dropped_keys: u32,
+    },
+}
+
+/// The answer for one distinct key of an [`Command::Allocate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Allocation {
+    /// Position of the key's first occurrence in the request.
+    pub index: u32,
+    /// The page, or `None` (the wire's -1) when the pool could not cover the batch.
+    pub page: Option<u32>,
+    /// The key was complete already and `page` is its existing page.
+    pub cached: bool,
+}
+
+/// Why a confirmation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Refusal {
+    /// The page is free: never allocated, released, or its reservation expired.
+    NotReserved,
+    /// The page is reserved for another key.
+    ReservedForAnotherKey,
+    /// The page holds another key.
+    CommittedToAnotherKey,
+}
+
+/// A refused `(key, page)` pair of a confirm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Refused {
+    /// Position in the request's confirmations.
+    pub index: u32,
+    /// The page named.
+    pub page: u32,
+    /// Why.
+    pub reason: Refusal,
+}
+
+/// Why a release was ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum IgnoredRelease {
+    /// The page is already free.
+    AlreadyFree,
+    /// The page holds a key; releasing it would hand a live key's page to another.
+    Committed,
+}
+
+/// What a [`Command::Confirm`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConfirmReport {
+    /// Pairs that committed a reserved page.
+    pub committed: u32,
+    /// Pairs whose page was already committed to that key (no-op).
+    pub unchanged: u32,
+    /// Pairs for a key another writer had committed on this rank first: the page was freed.
+    pub superseded: u32,
+    /// Pairs refused (the rest applied).
+    pub refused: Vec<Refused>,
+    /// Reserved pages released.
+    pub released: u32,
+    /// Releases ignored, with the page and why.
+    pub ignored_releases: Vec<(u32, IgnoredRelease)>,
+}
+
+/// One rank's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RankStats {
+    /// The rank.
+    pub rank: u32,
+    /// Its pool size.
+    pub num_pages: u32,
+    /// Its pages by state.
+    pub pages: PageCounts,
+}
+
+/// Event counters of a space since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Counters {
+    /// Distinct keys given a fresh page.
+    pub reserved: u64,
+    /// Distinct keys answered with their existing page.
+    pub cache_hits: u64,
+    /// Distinct keys answered -1 (pool could not cover the batch).
+    pub misses: u64,
+    /// Confirmations that committed a page.
+    pub committed: u64,
+    /// Confirmations refused.
+    pub refused_confirms: u64,
+    /// Confirmations whose page was freed because another writer won.
+    pub superseded: u64,
+    /// Releases that freed a page.
+    pub released: u64,
+    /// Releases ignored.
+    pub ignored_releases: u64,
+    /// Reservations that reached their deadline unconfirmed.
+    pub expired_reservations: u64,
+    /// Keys dropped because a rank was re-initialized with another size.
+    pub dropped_keys: u64,
+}
+
+/// A space's figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SpaceStats {
+    /// Which space.
+    pub space: Space,
+    /// Stored keys (committed somewhere or reserved).
+    pub keys: u64,
+    /// Keys complete across the TP world.
+    pub world_size: u32,
+    /// Per rank, in rank order.
+    pub ranks: Vec<RankStats>,
+    /// Event counters.
+    pub counters: Counters,
+}
+
+/// The whole core's figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Stats {
+    /// The settings in force.
+    pub settings: Settings,
+    /// Each space, in space order.
+    pub spaces: Vec<SpaceStats>,
+}
+
+/// A successful answer to a [`Command`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Reply {
+    /// Settings replaced.
+    Configured,
+    /// A rank was initialized.
+    Initialized {
+        /// The rank.
+        rank: u32,
+        /// The size asked for.
+        num_pages: u32,
+        /// What happened.
+        outcome: InitOutcome,
+    },
+    /// One entry per distinct key, in order of first occurrence.
+    Allocated(Vec<Allocation>),
+    /// What the confirm did.
+    Confirmed(ConfirmReport),
+    /// One flag per key, in request order.
+    Exists(Vec<bool>),
+    /// One page or `None` per key, in request order.
+    Locations(Vec<Option<u32>>),
+    /// A space was dropped.
+    Cleared {
+        /// Ranks dropped.
+        ranks: u32,
+        /// Keys dropped.
+        keys: u64,
+    },
+    /// Figures.
+    Stats(Box<Stats>),
+}

@@ -1,0 +1,160 @@
+//! Cache keys: stored compactly, echoed exactly as the client sent them.
+
+use alloc::boxed::Box;
+use core::fmt;
+
+/// The longest key (and prefix key) kvpages accepts, in bytes.
+///
+/// Real keys are 32-character MD5 hex strings; SGLang's zero-copy mode appends `-k`/`-v`.
+/// 1024 bytes leaves room for any naming scheme while bounding memory per key.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// A cache key.
+///
+/// A 32-character lowercase hex key (what vLLM and SGLang send) is stored as its 16 bytes;
+/// anything else is kept as the exact string. The two forms never describe the same text,
+/// so equality and hashing stay exact, and [`fmt::Display`] gives back the text that was sent.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// 32 lowercase hex characters, packed.
+    Hex([u8; 16]),
+    /// Any other key, verbatim.
+    Text(Box<str>),
+}
+
+/// Why a string is not a valid key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum KeyError {
+    /// The empty string.
+    Empty,
+    /// Longer than [`MAX_KEY_LEN`] bytes.
+    TooLong {
+        /// Length of the rejected key in bytes.
+        len: usize,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::Empty => f.write_str("key is empty"),
+            KeyError::TooLong { len } => {
+                write!(f, "key is {len} bytes long, the limit is {MAX_KEY_LEN}")
+            }
+        }
+    }
+}
+
+fn hex_val(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    }
+}
+
+impl Key {
+    /// Parses a key as sent on the wire.
+    pub fn parse(s: &str) -> Result<Key, KeyError> {
+        if s.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if s.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong { len: s.len() });
+        }
+        if let Some(packed) = Self::pack_hex(s.as_bytes()) {
+            return Ok(Key::Hex(packed));
+        }
+        Ok(Key::Text(Box::from(s)))
+    }
+
+    fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
+        if b.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            out[i] = (hex_val(pair[0])? << 4) | hex_val(pair[1])?;
+        }
+        Some(out)
+    }
+
+    /// Length of the key's text in bytes.
+    pub fn text_len(&self) -> usize {
+        match self {
+            Key::Hex(_) => 32,
+            Key::Text(s) => s.len(),
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Hex(bytes) => {
+                const DIGITS: &[u8; 16] = b"0123456789abcdef";
+                let mut buf = [0u8; 32];
+                for (i, b) in bytes.iter().enumerate() {
+                    buf[2 * i] = DIGITS[usize::from(b >> 4)];
+                    buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+                }
+                // The buffer holds only ASCII hex digits.
+                f.write_str(core::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+            }
+            Key::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", alloc::format!("{self}"))
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Key {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <alloc::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+        Key::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn lowercase_hex_is_packed_and_round_trips() {
+        let s = "386b2d9cf5aa91ba3a4b42c35396c822";
+        let k = Key::parse(s).unwrap();
+        assert!(matches!(k, Key::Hex(_)));
+        assert_eq!(k.to_string(), s);
+    }
+
+    #[test]
+    fn uppercase_and_other_keys_are_kept_verbatim() {
+        for s in ["386B2D9CF5AA91BA3A4B42C35396C822", "h1", "K-k", "386b2d9cf5aa91ba3a4b42c35396c82"] {
+            let k = Key::parse(s).unwrap();
+            assert!(matches!(k, Key::Text(_)), "{s}");
+            assert_eq!(k.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn empty_and_too_long_are_refused() {
+        assert_eq!(Key::parse(""), Err(KeyError::Empty));
+        let long = "a".repeat(MAX_KEY_LEN + 1);
+        assert_eq!(Key::parse(&long), Err(KeyError::TooLong { len: MAX_KEY_LEN + 1 }));
+        assert!(Key::parse(&long[..MAX_KEY_LEN]).is_ok());
+    }
+}

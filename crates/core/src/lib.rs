@@ -1,0 +1,37 @@
+//! kvpages-core: the deterministic state machine behind the kvpages page-metadata server.
+//!
+//! LLM servers offload KV-cache blocks to one file per tensor-parallel rank, cut into fixed-size
+//! pages. This crate decides which page holds which block (keyed by a hash of its tokens),
+//! records confirmed writes and answers which blocks exist and where. It does no IO, reads no
+//! clock and draws no random numbers: the current time and a hasher seed arrive as arguments, so
+//! the same `(now, Command)` sequence gives the same replies natively and in WebAssembly.
+//!
+//! # Layout
+//! - [`command`]: [`Command`] in, [`Reply`] out, plus [`Settings`].
+//! - [`error`]: the domain [`Error`]; a refused command changes nothing.
+//! - `state`: [`Core::apply`], the rules (allocation, confirm/release, completeness, expiry).
+//! - `pool`: one rank's pages: a lazily materialised free list and a per-page state table.
+//! - `keys`: the key table: a slab of entries behind a seeded hash table of slots.
+//! - [`key`]: [`Key`], compact for 32-hex keys, echoed exactly as sent.
+//!
+//! Every command costs O(batch): nothing scans or copies a free list or the key table.
+#![no_std]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+extern crate alloc;
+
+pub mod command;
+pub mod error;
+pub mod key;
+mod keys;
+mod pool;
+mod state;
+
+pub use command::{
+    Allocation, Command, ConfirmReport, Counters, IgnoredRelease, InitOutcome, Millis, RankStats, Refusal, Refused,
+    Reply, Settings, Space, SpaceStats, Stats,
+};
+pub use error::{Error, PagePlace};
+pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use pool::{PageCounts, PoolOrder};
+pub use state::Core;
