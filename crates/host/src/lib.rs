@@ -1,1 +1,20 @@
+//! kvpages-host: the axum + tokio server that runs `kvpages-core` behind vLLM's HF3FS routes.
+//!
+//! # Layout
+//! - [`cli`]: the `kvpages` command line (flags, `KVPAGES_*` environment variables, logging).
+//! - [`server`]: builds the router, the per-request guard (time bound, request log) and runs it.
+//! - [`engine`]: the small interface the server drives, and the native engine behind it.
+//! - [`api`]: the error catalogue (status + `detail` of every error the server can answer) and
+//!   JSON responses.
+//! - `wire`: strict JSON decoding (integers in u32 range, no duplicate members, exact pairs).
+//! - `routes::vllm`: vLLM's six routes: request bodies → [`kvpages_core::Command`] → replies.
+//!
+//! Requests are parsed and validated outside the engine lock; the lock is held only while the
+//! core applies the command.
 
+pub mod api;
+pub mod cli;
+pub mod engine;
+mod routes;
+pub mod server;
+mod wire;

@@ -1,0 +1,178 @@
+//! The error catalogue and JSON responses: every error the server answers is built here.
+//!
+//! Each [`ErrorCode`] has one status and one `detail` template; `docs/errors.md` documents every
+//! code and a test checks that the page lists all of [`ErrorCode::ALL`], so it cannot drift.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// Every kind of error the server can answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// `/rank/{rank}/initialize` with a malformed body, a bad path rank, or no pages.
+    InitializeInvalid,
+    /// `batch_allocate` / `get_locations` with a malformed body.
+    KeysRequestInvalid,
+    /// `confirm_write` with a malformed body or a page beyond the pool.
+    ConfirmRequestInvalid,
+    /// `batch_exists` with a malformed body.
+    ExistsRequestInvalid,
+    /// A route named a rank that has no pool.
+    RankNotInitialized,
+    /// `--world-size N` is set and the rank is `>= N`.
+    RankOutsideWorld,
+    /// A confirm whose every confirmation was refused.
+    NothingConfirmed,
+    /// No such route.
+    RouteNotFound,
+    /// The route exists for another method.
+    MethodNotAllowed,
+    /// The body is over `--max-body`.
+    BodyTooLarge,
+    /// The request took longer than `--request-timeout`.
+    Timeout,
+    /// The engine failed (a fault of the server, never of the request).
+    EngineFault,
+}
+
+impl ErrorCode {
+    /// All codes, for the docs check.
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::InitializeInvalid,
+        ErrorCode::KeysRequestInvalid,
+        ErrorCode::ConfirmRequestInvalid,
+        ErrorCode::ExistsRequestInvalid,
+        ErrorCode::RankNotInitialized,
+        ErrorCode::RankOutsideWorld,
+        ErrorCode::NothingConfirmed,
+        ErrorCode::RouteNotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::Timeout,
+        ErrorCode::EngineFault,
+    ];
+
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InitializeInvalid
+            | ErrorCode::KeysRequestInvalid
+            | ErrorCode::ConfirmRequestInvalid
+            | ErrorCode::ExistsRequestInvalid => StatusCode::BAD_REQUEST,
+            ErrorCode::RankNotInitialized | ErrorCode::RouteNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::RankOutsideWorld | ErrorCode::NothingConfirmed => StatusCode::CONFLICT,
+            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::Timeout | ErrorCode::EngineFault => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The fixed start of `detail`: the peer's own text where it has one, so clients that match
+    /// on it keep working. `{rank}`, `{n}`, `{limit}`, `{seconds}` stand for numbers.
+    pub fn template(self) -> &'static str {
+        match self {
+            ErrorCode::InitializeInvalid => "Invalid initialization parameters",
+            ErrorCode::KeysRequestInvalid => "Invalid request format: need 'rank' and 'keys'",
+            ErrorCode::ConfirmRequestInvalid => "Invalid request format: need 'rank' and 'confirmations'",
+            ErrorCode::ExistsRequestInvalid => "Invalid keys format",
+            ErrorCode::RankNotInitialized => "Rank {rank} not initialized",
+            ErrorCode::RankOutsideWorld => "Rank {rank} is outside the TP world of {n} ranks (--world-size)",
+            ErrorCode::NothingConfirmed => "No confirmation matched a reservation; nothing was applied",
+            ErrorCode::RouteNotFound => "Not Found",
+            ErrorCode::MethodNotAllowed => "Method Not Allowed",
+            ErrorCode::BodyTooLarge => "Request body too large: the limit is {limit} bytes (--max-body)",
+            ErrorCode::Timeout => "Request timed out after {seconds} s (--request-timeout)",
+            ErrorCode::EngineFault => "Engine unavailable",
+        }
+    }
+
+    /// The name used as the heading in `docs/errors.md`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::InitializeInvalid => "initialize-invalid",
+            ErrorCode::KeysRequestInvalid => "keys-request-invalid",
+            ErrorCode::ConfirmRequestInvalid => "confirm-request-invalid",
+            ErrorCode::ExistsRequestInvalid => "exists-request-invalid",
+            ErrorCode::RankNotInitialized => "rank-not-initialized",
+            ErrorCode::RankOutsideWorld => "rank-outside-world",
+            ErrorCode::NothingConfirmed => "nothing-confirmed",
+            ErrorCode::RouteNotFound => "route-not-found",
+            ErrorCode::MethodNotAllowed => "method-not-allowed",
+            ErrorCode::BodyTooLarge => "body-too-large",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::EngineFault => "engine-fault",
+        }
+    }
+}
+
+/// An error answer: a status and a `{"detail": ...}` body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// Which error.
+    pub code: ErrorCode,
+    /// The full `detail` text.
+    pub detail: String,
+}
+
+impl ApiError {
+    /// The code's template followed by the specific reason in parentheses.
+    pub fn because(code: ErrorCode, reason: impl std::fmt::Display) -> ApiError {
+        ApiError { code, detail: format!("{} ({reason})", code.template()) }
+    }
+
+    /// The code's template with placeholders filled: `fill` maps a placeholder name to its value.
+    pub fn filled(code: ErrorCode, values: &[(&str, &dyn std::fmt::Display)]) -> ApiError {
+        let mut detail = code.template().to_owned();
+        for (name, value) in values {
+            detail = detail.replace(&format!("{{{name}}}"), &value.to_string());
+        }
+        ApiError { code, detail }
+    }
+
+    /// [`ApiError::filled`] plus a reason in parentheses.
+    pub fn filled_because(
+        code: ErrorCode,
+        values: &[(&str, &dyn std::fmt::Display)],
+        reason: impl std::fmt::Display,
+    ) -> ApiError {
+        let mut e = ApiError::filled(code, values);
+        e.detail = format!("{} ({reason})", e.detail);
+        e
+    }
+
+    /// `Rank {rank} not initialized`, the peer's words.
+    pub fn rank_not_initialized(rank: u32) -> ApiError {
+        ApiError::filled(ErrorCode::RankNotInitialized, &[("rank", &rank)])
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            detail: &'a str,
+        }
+        let body = serde_json::to_vec(&Body { detail: &self.detail }).expect("a string serializes");
+        json_bytes(self.code.status(), body)
+    }
+}
+
+/// A compact JSON body with `Content-Type: application/json`, as the peers send.
+pub fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// `value` as a compact JSON body with status 200.
+pub fn json_ok<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => json_bytes(StatusCode::OK, body),
+        Err(e) => ApiError::because(ErrorCode::EngineFault, format_args!("reply could not be encoded: {e}")).into_response(),
+    }
+}
+
+/// 204 with an empty body.
+pub fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}

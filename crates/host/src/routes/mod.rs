@@ -1,0 +1,69 @@
+//! Route families. Each turns wire requests into core commands and replies back into its wire
+//! format; the shared plumbing (reading the body, logging rejections) lives here.
+
+use axum::body::Bytes;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use kvpages_core::{Key, Reply};
+use serde::Serialize;
+
+use crate::api::{ApiError, ErrorCode};
+use crate::engine::EngineError;
+use crate::server::App;
+
+pub(crate) mod vllm;
+
+/// How many bytes of a rejected body the warning shows.
+const PREVIEW_BYTES: usize = 200;
+
+/// Reads the body and runs `f` on it; every error answer is logged with a body preview.
+pub(crate) async fn handle(
+    app: App,
+    route: &'static str,
+    req: Request,
+    f: impl FnOnce(&App, &str, &[u8]) -> Result<Response, ApiError>,
+) -> Response {
+    let path = req.uri().path().to_owned();
+    let body = match app.body(req).await {
+        Ok(b) => b,
+        Err(e) => return rejected(route, &Bytes::new(), e),
+    };
+    match f(&app, &path, &body) {
+        Ok(resp) => resp,
+        Err(e) => rejected(route, &body, e),
+    }
+}
+
+fn rejected(route: &str, body: &[u8], e: ApiError) -> Response {
+    let cut = body.len().min(PREVIEW_BYTES);
+    let preview = String::from_utf8_lossy(&body[..cut]);
+    let more = if body.len() > cut { "…" } else { "" };
+    if e.code.status().is_server_error() {
+        tracing::error!(route, status = e.code.status().as_u16(), detail = %e.detail, body = %format_args!("{preview}{more}"), "request failed");
+    } else {
+        tracing::warn!(route, status = e.code.status().as_u16(), detail = %e.detail, body = %format_args!("{preview}{more}"), "request rejected");
+    }
+    e.into_response()
+}
+
+/// An engine fault: 503, never the client's fault.
+pub(crate) fn fault(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Fault(why) => ApiError::because(ErrorCode::EngineFault, why),
+        EngineError::Domain(e) => ApiError::because(ErrorCode::EngineFault, format_args!("unexpected refusal: {e}")),
+    }
+}
+
+/// The engine answered a command with the wrong kind of reply.
+pub(crate) fn unexpected(reply: &Reply) -> ApiError {
+    ApiError::because(ErrorCode::EngineFault, format_args!("unexpected reply {reply:?}"))
+}
+
+/// A key serialized as the exact text the client sent.
+pub(crate) struct KeyText<'a>(pub(crate) &'a Key);
+
+impl Serialize for KeyText<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self.0)
+    }
+}
