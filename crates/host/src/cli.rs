@@ -84,7 +84,14 @@ impl ServeArgs {
 
 fn init_logging(filter: &str) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| format!("--log '{filter}': {e}"))?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init().map_err(|e| e.to_string())
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init()
+        .map_err(|e| e.to_string())
 }
 
 /// Entry point of the binary.
