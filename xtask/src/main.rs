@@ -1,1 +1,232 @@
-fn main() {}
+//! `cargo xtask`: what plain cargo can't do — set the machine up, run every test, serve.
+//!
+//! - `cargo xtask test`: installs what the tests need (Python's pytest and requests, a no_std
+//!   Rust target), builds the workspace, runs every Rust and Python test, proves `kvpages-core`
+//!   builds without std, and fails if any step fails or no test ran.
+//! - `cargo xtask serve [FLAGS]`: builds the release binary and runs `kvpages serve FLAGS`.
+//!
+//! Every step prints what it runs. Set `KVPAGES_NOSTD_ROUTE=debian` to force the fallback
+//! route for the no_std build (Debian's rustc-web with `-Zbuild-std`), as a fresh machine
+//! without rustup downloads would take.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("serve") => serve(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask test | cargo xtask serve [kvpages serve flags]");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn step(what: &str) {
+    println!("\n==> {what}");
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Runs `cmd`, streaming its output, and fails unless it exits 0.
+fn run(cmd: &mut Command) -> Result<()> {
+    println!("+ {}", show(cmd));
+    let status = cmd.status().map_err(|e| format!("{}: {e}", show(cmd)))?;
+    if status.success() { Ok(()) } else { Err(format!("`{}` exited with {status}", show(cmd))) }
+}
+
+/// Runs `cmd`, streaming and capturing stdout+stderr lines; fails unless it exits 0.
+fn run_capture(cmd: &mut Command) -> Result<Vec<String>> {
+    println!("+ {}", show(cmd));
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", show(cmd)))?;
+    let stderr = child.stderr.take().expect("piped");
+    let err_thread = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+            eprintln!("{line}");
+            lines.push(line);
+        }
+        lines
+    });
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines().map_while(std::result::Result::ok) {
+        println!("{line}");
+        lines.push(line);
+    }
+    lines.extend(err_thread.join().unwrap_or_default());
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if status.success() { Ok(lines) } else { Err(format!("`{}` exited with {status}", show(cmd))) }
+}
+
+/// Runs `cmd` with a time limit; `Ok(false)` when it failed or timed out.
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> bool {
+    println!("+ {} (time limit {}s)", show(cmd), limit.as_secs());
+    let Ok(mut child) = cmd.spawn() else { return false };
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(200)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                println!("  timed out after {}s", limit.as_secs());
+                return false;
+            }
+        }
+    }
+}
+
+fn show(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn have(program: &str, arg: &str) -> bool {
+    Command::new(program).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Sums cargo's `test result: ok. N passed; M failed` lines.
+fn count_cargo(lines: &[String]) -> (u64, u64) {
+    let (mut passed, mut failed) = (0, 0);
+    for l in lines {
+        if let Some(rest) = l.strip_prefix("test result: ") {
+            passed += number_before(rest, " passed");
+            failed += number_before(rest, " failed");
+        }
+    }
+    (passed, failed)
+}
+
+/// Reads pytest's closing `N passed` / `N failed`.
+fn count_pytest(lines: &[String]) -> (u64, u64) {
+    let last = lines.iter().rev().find(|l| l.contains(" passed") || l.contains(" failed"));
+    last.map_or((0, 0), |l| (number_before(l, " passed"), number_before(l, " failed")))
+}
+
+fn number_before(s: &str, word: &str) -> u64 {
+    let Some(i) = s.find(word) else { return 0 };
+    let digits: String = s[..i].chars().rev().take_while(char::is_ascii_digit).collect();
+    digits.chars().rev().collect::<String>().parse().unwrap_or(0)
+}
+
+fn ensure_python() -> Result<()> {
+    step("Python test dependencies (pytest, requests)");
+    let ok = Command::new("python3").args(["-c", "import pytest, requests, urllib3"]).status();
+    if ok.is_ok_and(|s| s.success()) {
+        println!("  already installed");
+        return Ok(());
+    }
+    if !have("python3", "--version") {
+        run(Command::new("apt-get").args(["install", "-y", "python3", "python3-pip"]))?;
+    }
+    let pip = |extra: &[&str]| {
+        let mut c = Command::new("python3");
+        c.args(["-m", "pip", "install", "--quiet", "pytest", "requests"]).args(extra);
+        run(&mut c)
+    };
+    pip(&[]).or_else(|_| pip(&["--break-system-packages"]))
+}
+
+/// Builds kvpages-core for a target without std, proving `#![no_std]` holds.
+fn nostd_build() -> Result<()> {
+    step("no_std proof: build kvpages-core for a target that has no std");
+    let forced_debian = std::env::var("KVPAGES_NOSTD_ROUTE").is_ok_and(|v| v == "debian");
+    if !forced_debian {
+        let installed = Command::new("rustup")
+            .args(["target", "list", "--installed"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "wasm32v1-none"));
+        let ready = installed
+            || run_with_timeout(Command::new("rustup").args(["target", "add", "wasm32v1-none"]), Duration::from_secs(300));
+        if ready {
+            println!("  route: rustup target wasm32v1-none (core + alloc only, no std exists for it)");
+            for features in ["", "serde"] {
+                run(cargo().args(["build", "-p", "kvpages-core", "--target", "wasm32v1-none", "--features", features]))?;
+            }
+            return Ok(());
+        }
+        println!("  rustup could not provide wasm32v1-none; falling back to Debian's rustc-web");
+    }
+    println!("  route: Debian rustc-web with -Zbuild-std=core,alloc (std is never built, so any use of it fails)");
+    if !Path::new("/usr/bin/rustc").exists() || !Path::new("/usr/lib/llvm-19/bin/wasm-ld").exists() {
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get").args(["install", "-y", "rustc-web", "cargo-web", "rust-web-src", "lld-19"]))?;
+    }
+    for features in ["", "serde"] {
+        run(Command::new("/usr/bin/cargo")
+            .current_dir(root())
+            .env("RUSTC", "/usr/bin/rustc")
+            .env("RUSTDOC", "/usr/bin/rustdoc")
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
+            .args(["build", "-p", "kvpages-core", "--target", "wasm32-unknown-unknown", "--target-dir", "target/nostd"])
+            .args(["-Zbuild-std=core,alloc", "--features", features]))?;
+    }
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    let start = Instant::now();
+    ensure_python()?;
+    nostd_build()?;
+
+    step("Rust: build and test the workspace");
+    run(cargo().args(["build", "-p", "kvpages-host", "--bin", "kvpages"]))?;
+    let lines = run_capture(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
+    let (rust_passed, rust_failed) = count_cargo(&lines);
+
+    step("Python: vLLM's client against the real server");
+    let bin = root().join("target/debug/kvpages");
+    let lines = run_capture(
+        Command::new("python3").current_dir(root()).env("KVPAGES_BIN", &bin).args(["-m", "pytest", "tests/python", "-q"]),
+    )?;
+    let (py_passed, py_failed) = count_pytest(&lines);
+
+    let (passed, failed) = (rust_passed + py_passed, rust_failed + py_failed);
+    println!("\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, in {:.0?}", start.elapsed());
+    println!("{passed} passed, {failed} failed");
+    if rust_passed == 0 || py_passed == 0 {
+        return Err("no tests ran (a suite reported 0 passed)".into());
+    }
+    if failed > 0 {
+        return Err(format!("{failed} tests failed"));
+    }
+    Ok(())
+}
+
+fn serve(args: &[String]) -> Result<()> {
+    step("build the release binary");
+    run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
+    step("kvpages serve");
+    run(Command::new(root().join("target/release/kvpages")).arg("serve").args(args))
+}

@@ -176,3 +176,54 @@ pub fn json_ok<T: serde::Serialize>(value: &T) -> Response {
 pub fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exhaustive: a new variant fails to compile here until it is listed, and the test then
+    /// checks that `ALL` and the docs have it too.
+    fn listed(c: ErrorCode) -> usize {
+        match c {
+            ErrorCode::InitializeInvalid => 0,
+            ErrorCode::KeysRequestInvalid => 1,
+            ErrorCode::ConfirmRequestInvalid => 2,
+            ErrorCode::ExistsRequestInvalid => 3,
+            ErrorCode::RankNotInitialized => 4,
+            ErrorCode::RankOutsideWorld => 5,
+            ErrorCode::NothingConfirmed => 6,
+            ErrorCode::RouteNotFound => 7,
+            ErrorCode::MethodNotAllowed => 8,
+            ErrorCode::BodyTooLarge => 9,
+            ErrorCode::Timeout => 10,
+            ErrorCode::EngineFault => 11,
+        }
+    }
+
+    #[test]
+    fn every_error_is_documented() {
+        let docs = include_str!("../../../docs/errors.md");
+        for (i, code) in ErrorCode::ALL.iter().enumerate() {
+            assert_eq!(listed(*code), i, "ErrorCode::ALL is out of order or incomplete");
+            let heading = format!("\n## {}\n", code.name());
+            let at = docs.find(&heading).unwrap_or_else(|| panic!("docs/errors.md lacks the heading `## {}`", code.name()));
+            let section = &docs[at + heading.len()..];
+            let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+            let status = format!("`{}`", code.status().as_u16());
+            assert!(section.contains(&status), "docs for {} do not give status {status}", code.name());
+            let template = format!("**`{}`**", code.template());
+            assert!(section.contains(&template), "docs for {} do not quote the detail {template}", code.name());
+        }
+        let documented = docs.matches("\n## ").count();
+        assert_eq!(documented, ErrorCode::ALL.len(), "docs/errors.md documents codes the server does not have");
+    }
+
+    #[test]
+    fn details_keep_the_peer_text_first() {
+        let e = ApiError::because(ErrorCode::KeysRequestInvalid, "keys[3]: bad");
+        assert_eq!(e.detail, "Invalid request format: need 'rank' and 'keys' (keys[3]: bad)");
+        assert_eq!(ApiError::rank_not_initialized(5).detail, "Rank 5 not initialized");
+        let e = ApiError::filled(ErrorCode::RankOutsideWorld, &[("rank", &4), ("n", &4)]);
+        assert_eq!(e.detail, "Rank 4 is outside the TP world of 4 ranks (--world-size)");
+    }
+}
