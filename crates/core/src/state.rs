@@ -139,8 +139,13 @@ impl Core {
                         }
                     }
                 }
-                for slot in dropped.iter().chain(&unreserved) {
-                    sp.keys.release_if_unused(*slot);
+                // A key can hold several of the old pages (two writers), so a slot may appear
+                // more than once; releasing it twice would touch a vacant slot.
+                let mut touched: Vec<u32> = dropped.iter().chain(&unreserved).copied().collect();
+                touched.sort_unstable();
+                touched.dedup();
+                for slot in touched {
+                    sp.keys.release_if_unused(slot);
                 }
                 sp.counters.dropped_keys += dropped.len() as u64;
                 InitOutcome::Recreated { old_num_pages: old.num_pages(), dropped_keys: dropped.len() as u32 }
@@ -446,6 +451,12 @@ fn expire(sp: &mut SpaceState, now: Millis) {
                 sp.counters.expired_reservations += 1;
             }
         }
+    }
+    // A burst of reservations leaves a large, mostly empty queue behind; give the memory back
+    // (amortised O(1): this copies len entries only after 3/4 of the capacity was drained).
+    let q = &mut sp.reservations;
+    if q.capacity() > 1024 && q.len() * 4 < q.capacity() {
+        q.shrink_to(q.len() * 2);
     }
 }
 
