@@ -140,8 +140,8 @@ fn number_before(s: &str, word: &str) -> u64 {
 }
 
 fn ensure_python() -> Result<()> {
-    step("Python test dependencies (pytest, requests)");
-    let ok = Command::new("python3").args(["-c", "import pytest, requests, urllib3"]).status();
+    step("Python test dependencies (pytest, requests; fastapi, uvicorn, orjson to run vLLM's own server beside kvpages)");
+    let ok = Command::new("python3").args(["-c", "import pytest, requests, urllib3, fastapi, uvicorn, orjson"]).status();
     if ok.is_ok_and(|s| s.success()) {
         println!("  already installed");
         return Ok(());
@@ -151,7 +151,7 @@ fn ensure_python() -> Result<()> {
     }
     let pip = |extra: &[&str]| {
         let mut c = Command::new("python3");
-        c.args(["-m", "pip", "install", "--quiet", "pytest", "requests"]).args(extra);
+        c.args(["-m", "pip", "install", "--quiet", "pytest", "requests", "fastapi", "uvicorn", "orjson"]).args(extra);
         run(&mut c)
     };
     pip(&[]).or_else(|_| pip(&["--break-system-packages"]))

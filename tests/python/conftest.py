@@ -1,0 +1,124 @@
+"""Fixtures: one `kvpages serve` process for the session, a clean state for every test.
+
+The binary is `$KVPAGES_BIN`, or `<repo>/target/debug/kvpages` where `<repo>` is two directories
+above this file. Build it first: `cargo build -p kvpages-host`.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "kvpages"
+HEALTH_WAIT_S = 10.0
+STOP_WAIT_S = 5.0
+
+
+def _binary() -> Path:
+    path = Path(os.environ.get("KVPAGES_BIN", DEFAULT_BIN))
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"kvpages binary not found at {path}: run `cargo build -p kvpages-host` "
+            "in the repo root or set KVPAGES_BIN",
+            pytrace=False,
+        )
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(log_path: str, lines: int = 40) -> str:
+    try:
+        with open(log_path, "r", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "<no log>"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_WAIT_S)
+
+
+def _start(binary: Path, log_file):
+    """Starts the server on a free port; returns (process, base URL) once /health answers 200."""
+    last_error = None
+    for _attempt in range(3):  # a free port can be taken between probing and binding
+        port = _free_port()
+        proc = subprocess.Popen(
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--log", "warn"],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tempfile.gettempdir(),
+        )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + HEALTH_WAIT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                last_error = f"exited with status {proc.returncode}"
+                break
+            try:
+                if requests.get(f"{base}/health", timeout=1).status_code == 200:
+                    return proc, base
+            except requests.RequestException as e:
+                last_error = repr(e)
+            time.sleep(0.05)
+        else:
+            last_error = f"/health did not answer 200 within {HEALTH_WAIT_S} s"
+        _stop(proc)
+    raise RuntimeError(f"kvpages did not start: {last_error}")
+
+
+@pytest.fixture(scope="session")
+def server_url():
+    """Base URL of a running `kvpages serve` (stopped with SIGTERM at the end of the session)."""
+    binary = _binary()
+    log = tempfile.NamedTemporaryFile(prefix="kvpages-test-", suffix=".log", delete=False)
+    try:
+        try:
+            proc, base = _start(binary, log)
+        except RuntimeError as e:
+            log.flush()
+            pytest.fail(f"{e}\n--- server log ---\n{_log_tail(log.name)}", pytrace=False)
+        try:
+            yield base
+        finally:
+            _stop(proc)
+            assert proc.returncode is not None
+    finally:
+        log.close()
+        if os.environ.get("KVPAGES_KEEP_LOG"):
+            print(f"server log kept at {log.name}")
+        else:
+            os.unlink(log.name)
+
+
+@pytest.fixture
+def base_url(server_url):
+    """The server, cleared (POST /clear) before the test."""
+    r = requests.post(f"{server_url}/clear", timeout=5)
+    assert r.status_code == 204, (r.status_code, r.text)
+    assert r.content == b""
+    health = requests.get(f"{server_url}/health", timeout=5).json()
+    assert health["keys"] == 0 and health["ranks"] == [] and health["world_size"] == 0, health
+    return server_url
