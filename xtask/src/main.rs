@@ -59,11 +59,8 @@ fn run(cmd: &mut Command) -> Result<()> {
 /// Runs `cmd`, streaming and capturing stdout+stderr lines; fails unless it exits 0.
 fn run_capture(cmd: &mut Command) -> Result<Vec<String>> {
     println!("+ {}", show(cmd));
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", show(cmd)))?;
+    let mut child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| format!("{}: {e}", show(cmd)))?;
     let stderr = child.stderr.take().expect("piped");
     let err_thread = std::thread::spawn(move || {
         let mut lines = Vec::new();
@@ -140,8 +137,11 @@ fn number_before(s: &str, word: &str) -> u64 {
 }
 
 fn ensure_python() -> Result<()> {
-    step("Python test dependencies (pytest, requests; fastapi, uvicorn, orjson to run vLLM's own server beside kvpages)");
-    let ok = Command::new("python3").args(["-c", "import pytest, requests, urllib3, fastapi, uvicorn, orjson"]).status();
+    step(
+        "Python test dependencies (pytest, requests; fastapi, uvicorn, orjson to run vLLM's own server beside kvpages)",
+    );
+    let ok =
+        Command::new("python3").args(["-c", "import pytest, requests, urllib3, fastapi, uvicorn, orjson"]).status();
     if ok.is_ok_and(|s| s.success()) {
         println!("  already installed");
         return Ok(());
@@ -167,11 +167,22 @@ fn nostd_build() -> Result<()> {
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "wasm32v1-none"));
         let ready = installed
-            || run_with_timeout(Command::new("rustup").args(["target", "add", "wasm32v1-none"]), Duration::from_secs(300));
+            || run_with_timeout(
+                Command::new("rustup").args(["target", "add", "wasm32v1-none"]),
+                Duration::from_secs(300),
+            );
         if ready {
             println!("  route: rustup target wasm32v1-none (core + alloc only, no std exists for it)");
             for features in ["", "serde"] {
-                run(cargo().args(["build", "-p", "kvpages-core", "--target", "wasm32v1-none", "--features", features]))?;
+                run(cargo().args([
+                    "build",
+                    "-p",
+                    "kvpages-core",
+                    "--target",
+                    "wasm32v1-none",
+                    "--features",
+                    features,
+                ]))?;
             }
             return Ok(());
         }
@@ -207,9 +218,12 @@ fn test() -> Result<()> {
 
     step("Python: vLLM's client against the real server");
     let bin = root().join("target/debug/kvpages");
-    let lines = run_capture(
-        Command::new("python3").current_dir(root()).env("KVPAGES_BIN", &bin).args(["-m", "pytest", "tests/python", "-q"]),
-    )?;
+    let lines = run_capture(Command::new("python3").current_dir(root()).env("KVPAGES_BIN", &bin).args([
+        "-m",
+        "pytest",
+        "tests/python",
+        "-q",
+    ]))?;
     let (py_passed, py_failed) = count_pytest(&lines);
 
     let (passed, failed) = (rust_passed + py_passed, rust_failed + py_failed);

@@ -19,7 +19,10 @@ pub(crate) type Hasher = foldhash::fast::FixedState;
 pub(crate) enum RankPages {
     #[default]
     None,
-    One { rank: u32, page: u32 },
+    One {
+        rank: u32,
+        page: u32,
+    },
     Many(Vec<(u32, u32)>),
 }
 
@@ -58,7 +61,8 @@ impl RankPages {
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let (one, many): (Option<(u32, u32)>, &[(u32, u32)]) = match self {
+        type RankPage = (u32, u32);
+        let (one, many): (Option<RankPage>, &[RankPage]) = match self {
             RankPages::None => (None, &[]),
             RankPages::One { rank, page } => (Some((*rank, *page)), &[]),
             RankPages::Many(v) => (None, v),

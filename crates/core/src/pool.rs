@@ -199,11 +199,7 @@ impl Pool {
 
     /// Every page that is not free, in page-table order (for re-initialization and checks).
     pub(crate) fn used_pages(&self) -> impl Iterator<Item = (u32, Page)> + '_ {
-        self.table
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.get() != Page::Free)
-            .map(|(i, s)| (self.page_at(i), s.get()))
+        self.table.iter().enumerate().filter(|(_, s)| s.get() != Page::Free).map(|(i, s)| (self.page_at(i), s.get()))
     }
 
     /// The free list in hand-out order, materialised: O(pool), for tests and checks only.

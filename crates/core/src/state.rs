@@ -11,7 +11,7 @@ use crate::command::*;
 use crate::error::{Error, PagePlace};
 use crate::key::Key;
 use crate::keys::KeyTable;
-use crate::pool::{Page, PageState, Pool, PoolOrder, GEN_MASK};
+use crate::pool::{GEN_MASK, Page, PageState, Pool, PoolOrder};
 
 /// A pending reservation, queued in deadline order (the TTL is fixed, so creation order).
 #[derive(Clone, Copy, Debug)]
@@ -93,10 +93,10 @@ impl Core {
         if num_pages == 0 {
             return Err(Error::ZeroPages { rank });
         }
-        if let Some(world_size) = self.settings.world_size {
-            if rank >= world_size {
-                return Err(Error::RankOutsideWorld { rank, world_size });
-            }
+        if let Some(world_size) = self.settings.world_size
+            && rank >= world_size
+        {
+            return Err(Error::RankOutsideWorld { rank, world_size });
         }
         let seed = self.seed;
         let sp = self.spaces.entry(space.clone()).or_insert_with(|| SpaceState {
@@ -390,7 +390,9 @@ impl Core {
                         Page::Committed { slot } => {
                             let e = sp.keys.get_live(slot);
                             let Some(e) = e else {
-                                return Err(format!("{space:?} rank {rank} page {page} committed to a vacant slot {slot}"));
+                                return Err(format!(
+                                    "{space:?} rank {rank} page {page} committed to a vacant slot {slot}"
+                                ));
                             };
                             if e.pages.get(rank) != Some(page) {
                                 return Err(format!(
@@ -419,12 +421,18 @@ impl Core {
                         return Err(format!("{space:?} key {:?} has a page on missing rank {rank}", e.key));
                     };
                     if page >= pool.num_pages() || pool.state(page) != (Page::Committed { slot }) {
-                        return Err(format!("{space:?} key {:?} points at rank {rank} page {page}, which is not its own", e.key));
+                        return Err(format!(
+                            "{space:?} key {:?} points at rank {rank} page {page}, which is not its own",
+                            e.key
+                        ));
                     }
                 }
                 let counted = reserved_per_slot.get(&slot).copied().unwrap_or(0);
                 if counted != e.reservations {
-                    return Err(format!("{space:?} key {:?} counts {} reservations, pools hold {counted}", e.key, e.reservations));
+                    return Err(format!(
+                        "{space:?} key {:?} counts {} reservations, pools hold {counted}",
+                        e.key, e.reservations
+                    ));
                 }
             }
         }
@@ -443,13 +451,13 @@ fn expire(sp: &mut SpaceState, now: Millis) {
         if r.page >= pool.num_pages() {
             continue;
         }
-        if let Page::Reserved { slot, generation } = pool.state(r.page) {
-            if generation == (r.generation & GEN_MASK) as u32 {
-                pool.free(r.page);
-                sp.keys.get_mut(slot).reservations -= 1;
-                sp.keys.release_if_unused(slot);
-                sp.counters.expired_reservations += 1;
-            }
+        if let Page::Reserved { slot, generation } = pool.state(r.page)
+            && generation == (r.generation & GEN_MASK) as u32
+        {
+            pool.free(r.page);
+            sp.keys.get_mut(slot).reservations -= 1;
+            sp.keys.release_if_unused(slot);
+            sp.counters.expired_reservations += 1;
         }
     }
     // A burst of reservations leaves a large, mostly empty queue behind; give the memory back

@@ -3,7 +3,7 @@
 //! Each [`ErrorCode`] has one status and one `detail` template; `docs/errors.md` documents every
 //! code and a test checks that the page lists all of [`ErrorCode::ALL`], so it cannot drift.
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// Every kind of error the server can answer.
@@ -168,7 +168,9 @@ pub fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
 pub fn json_ok<T: serde::Serialize>(value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(body) => json_bytes(StatusCode::OK, body),
-        Err(e) => ApiError::because(ErrorCode::EngineFault, format_args!("reply could not be encoded: {e}")).into_response(),
+        Err(e) => {
+            ApiError::because(ErrorCode::EngineFault, format_args!("reply could not be encoded: {e}")).into_response()
+        }
     }
 }
 
@@ -206,7 +208,8 @@ mod tests {
         for (i, code) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(listed(*code), i, "ErrorCode::ALL is out of order or incomplete");
             let heading = format!("\n## {}\n", code.name());
-            let at = docs.find(&heading).unwrap_or_else(|| panic!("docs/errors.md lacks the heading `## {}`", code.name()));
+            let at =
+                docs.find(&heading).unwrap_or_else(|| panic!("docs/errors.md lacks the heading `## {}`", code.name()));
             let section = &docs[at + heading.len()..];
             let section = &section[..section.find("\n## ").unwrap_or(section.len())];
             let status = format!("`{}`", code.status().as_u16());

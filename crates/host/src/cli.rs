@@ -117,7 +117,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
             .parse()
             .map_err(|e| format!("--host {} --port {}: {e}", args.host, args.port))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let seed = random_seed();
         let engine = server::build_engine(&config, seed);
         tracing::info!(
@@ -140,5 +141,5 @@ fn bracket_v6(host: &str) -> String {
 /// A seed for the core's hash tables (the core has no randomness of its own).
 fn random_seed() -> u64 {
     use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(0x6b76_7061_6765_73u64)
+    std::collections::hash_map::RandomState::new().hash_one(0x006b_7670_6167_6573_u64)
 }

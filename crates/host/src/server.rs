@@ -4,17 +4,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, Method};
+use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use kvpages_core::{Command, Millis, Reply, Settings, Space};
 use tokio::net::TcpListener;
 
-use crate::api::{json_ok, ApiError, ErrorCode};
+use crate::api::{ApiError, ErrorCode, json_ok};
 use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
 use crate::routes::vllm;
 
@@ -83,11 +83,8 @@ impl App {
     pub(crate) async fn body(&self, req: Request) -> Result<Bytes, ApiError> {
         let limit = self.config.max_body;
         let too_large = || ApiError::filled(ErrorCode::BodyTooLarge, &[("limit", &limit)]);
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        let declared =
+            req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }

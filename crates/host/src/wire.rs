@@ -12,8 +12,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use kvpages_core::{Key, MAX_KEY_LEN};
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// Decodes a whole request body, or says precisely why not.
 pub(crate) fn decode<T>(body: &[u8]) -> Result<T, String>
@@ -79,20 +79,29 @@ impl<'de, T: Members> Deserialize<'de> for Object<T> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut t = T::default();
                 let mut seen: Vec<Cow<'de, str>> = Vec::new();
-                while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
-                    if seen.iter().any(|s| *s == name) {
-                        return Err(de::Error::custom(format_args!("duplicate member '{name}'")));
-                    }
-                    if !t.member(&name, &mut map)? {
+                while let Some(name) = next_name(&mut map, &mut seen)? {
+                    if !t.member(name, &mut map)? {
                         map.next_value::<Strict>()?;
                     }
-                    seen.push(name);
                 }
                 t.finish().map(Object)
             }
         }
         d.deserialize_map(V(PhantomData))
     }
+}
+
+/// The next member name of an object, refused if `seen` already holds it.
+fn next_name<'de, 's, A: MapAccess<'de>>(
+    map: &mut A,
+    seen: &'s mut Vec<Cow<'de, str>>,
+) -> Result<Option<&'s str>, A::Error> {
+    let Some(Name(name)) = map.next_key::<Name<'de>>()? else { return Ok(None) };
+    if seen.contains(&name) {
+        return Err(de::Error::custom(format_args!("duplicate member '{name}'")));
+    }
+    seen.push(name);
+    Ok(seen.last().map(|n| &**n))
 }
 
 /// A member name, borrowed from the body when it has no escapes.
@@ -152,12 +161,8 @@ impl<'de> Deserialize<'de> for Strict {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
                 let mut seen: Vec<Cow<'de, str>> = Vec::new();
-                while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
-                    if seen.iter().any(|s| *s == name) {
-                        return Err(de::Error::custom(format_args!("duplicate member '{name}'")));
-                    }
+                while next_name(&mut map, &mut seen)?.is_some() {
                     map.next_value::<Strict>()?;
-                    seen.push(name);
                 }
                 Ok(Strict)
             }
@@ -378,7 +383,10 @@ mod tests {
     #[test]
     fn names_the_place_and_the_reason() {
         let cases = [
-            (r#"{"rank":0,"keys":[["a",""],"ab"]}"#, "keys[1]: invalid type: string \"ab\", expected a [key, prefix_key] pair"),
+            (
+                r#"{"rank":0,"keys":[["a",""],"ab"]}"#,
+                "keys[1]: invalid type: string \"ab\", expected a [key, prefix_key] pair",
+            ),
             (r#"{"rank":0,"keys":[["a"]]}"#, "keys[0]: invalid length 1, expected a [key, prefix_key] pair"),
             (r#"{"rank":0,"keys":[["a","",""]]}"#, "keys[0]: invalid length 3, expected a [key, prefix_key] pair"),
             (r#"{"rank":0.0}"#, "rank: invalid type: floating point `0.0`, expected an integer in u32 range"),
@@ -400,7 +408,10 @@ mod tests {
         }
         assert!(check("{").unwrap_err().starts_with("body is not valid JSON: EOF while parsing"));
         assert!(check(r#"{"rank":NaN}"#).unwrap_err().starts_with("body is not valid JSON"));
-        assert_eq!(check_bytes(b"{\"rank\":0,\"k\":\"\xff\"}"), Err("body is not UTF-8 (invalid byte at offset 15)".into()));
+        assert_eq!(
+            check_bytes(b"{\"rank\":0,\"k\":\"\xff\"}"),
+            Err("body is not UTF-8 (invalid byte at offset 15)".into())
+        );
         let deep = format!("{{\"rank\":0,\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
         assert!(check(&deep).unwrap_err().contains("recursion limit exceeded"), "{}", check(&deep).unwrap_err());
     }

@@ -6,15 +6,15 @@
 use axum::extract::{Request, State};
 use axum::response::Response;
 use kvpages_core::{Command, Error, InitOutcome, Key, Refusal, Reply, Space};
+use serde::Serialize;
 use serde::de::{self, MapAccess};
 use serde::ser::{SerializeSeq, SerializeStruct};
-use serde::Serialize;
 
-use super::{fault, handle, unexpected, KeyText};
-use crate::api::{json_ok, no_content, ApiError, ErrorCode};
+use super::{KeyText, fault, handle, unexpected};
+use crate::api::{ApiError, ErrorCode, json_ok, no_content};
 use crate::engine::EngineError;
 use crate::server::App;
-use crate::wire::{decode, missing, value, KeyPage, KeyPair, KeyStr, List, Members, Object, U32};
+use crate::wire::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
 
 const SPACE: Space = Space::Vllm;
 
