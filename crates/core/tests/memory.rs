@@ -47,7 +47,8 @@ fn a_stored_key_costs_under_100_bytes() {
     let before = LIVE.load(Ordering::Relaxed);
     for start in (0..KEYS).step_by(128) {
         let keys: Vec<Key> = (start..(start + 128).min(KEYS)).map(hex_key).collect();
-        let Ok(Reply::Allocated(got)) = core.apply(1, &Command::Allocate { space: space.clone(), rank: 0, keys: keys.clone() })
+        let Ok(Reply::Allocated(got)) =
+            core.apply(1, &Command::Allocate { space: space.clone(), rank: 0, keys: keys.clone() })
         else {
             panic!("allocate failed")
         };
@@ -55,8 +56,11 @@ fn a_stored_key_costs_under_100_bytes() {
         core.apply(1, &Command::Confirm { space: space.clone(), rank: 0, confirmations, releases: vec![] }).unwrap();
     }
     // Let the reservation queue drain (a later command past the TTL), as it does in a live server.
-    core.apply(10_000_000, &Command::Confirm { space: space.clone(), rank: 0, confirmations: vec![], releases: vec![] })
-        .unwrap();
+    core.apply(
+        10_000_000,
+        &Command::Confirm { space: space.clone(), rank: 0, confirmations: vec![], releases: vec![] },
+    )
+    .unwrap();
     let stats = core.stats();
     assert_eq!(stats.spaces[0].keys, KEYS);
     assert_eq!(stats.spaces[0].ranks[0].pages.committed, KEYS as u32);

@@ -153,7 +153,8 @@ impl Harness {
     pub fn store(&mut self, rank: u32, ks: &[&str]) -> Vec<u32> {
         let got = self.try_alloc(rank, ks).expect("allocate");
         let pages: Vec<u32> = got.iter().map(|a| a.page.expect("pool has room")).collect();
-        let pairs: Vec<(&str, u32)> = got.iter().filter(|a| !a.cached).map(|a| (ks[a.index as usize], a.page.unwrap())).collect();
+        let pairs: Vec<(&str, u32)> =
+            got.iter().filter(|a| !a.cached).map(|a| (ks[a.index as usize], a.page.unwrap())).collect();
         if !pairs.is_empty() {
             let r = self.confirm(rank, &pairs, &[]).expect("confirm");
             assert!(r.refused.is_empty(), "{r:?}");
@@ -233,12 +234,20 @@ pub fn snapshot(core: &Core) -> Snapshot {
 /// initialized rank does exactly that expiry and nothing more.
 pub fn expired_at(core: &Core, now: Millis) -> Snapshot {
     let mut c = core.clone();
-    let first_rank = c.stats().spaces.iter().find(|s| s.space == Space::Vllm).and_then(|s| s.ranks.first().map(|r| r.rank));
+    let first_rank =
+        c.stats().spaces.iter().find(|s| s.space == Space::Vllm).and_then(|s| s.ranks.first().map(|r| r.rank));
     if let Some(rank) = first_rank {
         let r = c.apply(now, &Command::Allocate { space: Space::Vllm, rank, keys: vec![] });
         assert_eq!(r, Ok(Reply::Allocated(vec![])));
     }
     snapshot(&c)
+}
+
+/// Whether `after` is `before` with nothing applied: either untouched, or with only the
+/// reservations due at `now` expired (some refusals are decided before the clock runs, some after).
+pub fn refused_cleanly(before: &Core, after: &Core, now: Millis) -> bool {
+    let got = snapshot(after);
+    got == snapshot(before) || got == expired_at(before, now)
 }
 
 /// Checks free + reserved + committed = num_pages for every rank, from `stats()`.
