@@ -30,7 +30,9 @@ pub enum Space {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Settings {
-    /// How long an allocated page stays reserved for its key without a confirm.
+    /// How long an allocated page stays reserved for its key without a confirm. Reservations
+    /// expire in the order they were made, so after lowering it, reservations made under the
+    /// old value still run their old course.
     pub reservation_ttl: Millis,
     /// `Some(n)`: a key is complete when ranks `0..n` have all confirmed it, and ranks `>= n`
     /// are refused. `None`: the TP world is the set of initialized ranks.
@@ -47,7 +49,8 @@ impl Default for Settings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Command {
-    /// Replace the settings.
+    /// Replace the settings. Refused (`RankOutsideWorld`) if `world_size` would leave an
+    /// initialized rank outside the world.
     Configure(Settings),
     /// Create a rank's pool (or re-create it with another size, dropping the keys on it).
     Initialize {

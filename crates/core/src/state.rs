@@ -56,10 +56,20 @@ impl Core {
         self.settings
     }
 
-    /// Applies one command at time `now`. An `Err` means nothing changed.
+    /// Applies one command at time `now`. An `Err` means the command applied nothing.
+    ///
+    /// Time passing is not part of any command: reservations whose deadline is `<= now` may
+    /// have expired by the time a command is answered, `Ok` or `Err`. That is a function of
+    /// `now` alone, so replaying the same `(now, Command)` sequence gives the same state.
     pub fn apply(&mut self, now: Millis, cmd: &Command) -> Result<Reply, Error> {
         match cmd {
             Command::Configure(s) => {
+                if let Some(world_size) = s.world_size {
+                    let outside = self.spaces.values().filter_map(|sp| sp.ranks.keys().next_back()).max();
+                    if let Some(&rank) = outside.filter(|&&r| r >= world_size) {
+                        return Err(Error::RankOutsideWorld { rank, world_size });
+                    }
+                }
                 self.settings = *s;
                 Ok(Reply::Configured)
             }
@@ -481,4 +491,25 @@ fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<u32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_world_size_that_leaves_a_rank_outside_is_refused() {
+        let mut core = Core::new(1, Settings::default());
+        for rank in 0..3 {
+            core.apply(0, &Command::Initialize { space: Space::Vllm, rank, num_pages: 4 }).unwrap();
+        }
+        let small = Settings { world_size: Some(2), ..Settings::default() };
+        assert_eq!(
+            core.apply(0, &Command::Configure(small)),
+            Err(Error::RankOutsideWorld { rank: 2, world_size: 2 })
+        );
+        assert_eq!(core.settings(), Settings::default());
+        let fits = Settings { world_size: Some(3), ..Settings::default() };
+        assert_eq!(core.apply(0, &Command::Configure(fits)), Ok(Reply::Configured));
+    }
 }
