@@ -25,6 +25,17 @@ pub enum Space {
     Vllm,
 }
 
+/// What happens when an allocation does not fit in the free pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Eviction {
+    /// Evict least-recently-used keys that hold no lease (on all ranks at once) until the batch
+    /// fits and usage is back under the low watermark.
+    Lru,
+    /// Never evict: a full pool answers -1, exactly as vLLM's server does.
+    Off,
+}
+
 /// Settings that change how later commands behave. They are a command themselves, so a
 /// command log replays old records under the settings they were applied with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,11 +48,32 @@ pub struct Settings {
     /// `Some(n)`: a key is complete when ranks `0..n` have all confirmed it, and ranks `>= n`
     /// are refused. `None`: the TP world is the set of initialized ranks.
     pub world_size: Option<u32>,
+    /// How long `get_locations` and allocate's cache hits protect the pages they return from
+    /// eviction and reuse.
+    pub read_lease: Millis,
+    /// How long a page taken back from an expired reservation stays out of use, so a slow
+    /// writer still writing into it cannot corrupt the next owner's data.
+    pub quarantine: Millis,
+    /// Eviction policy.
+    pub eviction: Eviction,
+    /// Evict when reserved + committed + quarantined pages would exceed this share of a rank's
+    /// pool (per mille).
+    pub evict_high_permille: u16,
+    /// ... down to this share (per mille).
+    pub evict_low_permille: u16,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { reservation_ttl: 60_000, world_size: None }
+        Settings {
+            reservation_ttl: 60_000,
+            world_size: None,
+            read_lease: 5_000,
+            quarantine: 60_000,
+            eviction: Eviction::Lru,
+            evict_high_permille: 950,
+            evict_low_permille: 900,
+        }
     }
 }
 
@@ -89,7 +121,8 @@ pub enum Command {
         /// Keys to look up.
         keys: Vec<Key>,
     },
-    /// The page of each complete key on one rank.
+    /// The page of each complete key on one rank; each hit takes a read lease and becomes the
+    /// most recently used key.
     Locations {
         /// Which space.
         space: Space,
@@ -97,6 +130,20 @@ pub enum Command {
         rank: u32,
         /// Keys to look up.
         keys: Vec<Key>,
+    },
+    /// Drop keys on every rank (their pages are quarantined while a reader holds a lease).
+    Delete {
+        /// Which space.
+        space: Space,
+        /// Keys to drop; unknown keys are ignored.
+        keys: Vec<Key>,
+    },
+    /// Everything known about one key (a pure read).
+    Inspect {
+        /// Which space.
+        space: Space,
+        /// The key.
+        key: Key,
     },
     /// Drop every rank and key of a space.
     Clear {
@@ -110,7 +157,7 @@ pub enum Command {
 impl Command {
     /// Whether applying this command can change the state (what a command log must record).
     pub fn is_mutating(&self) -> bool {
-        !matches!(self, Command::Exists { .. } | Command::Locations { .. } | Command::Stats)
+        !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats)
     }
 }
 
@@ -236,6 +283,16 @@ pub struct Counters {
     pub expired_reservations: u64,
     /// Keys dropped because a rank was re-initialized with another size.
     pub dropped_keys: u64,
+    /// Keys evicted to make room.
+    pub evictions: u64,
+    /// Keys deleted.
+    pub deleted: u64,
+    /// Pages quarantined (expired reservations, deleted keys a reader still held).
+    pub quarantined_pages: u64,
+    /// `get_locations` keys answered with a page.
+    pub location_hits: u64,
+    /// `get_locations` keys answered null.
+    pub location_misses: u64,
 }
 
 /// A space's figures.
@@ -244,8 +301,10 @@ pub struct Counters {
 pub struct SpaceStats {
     /// Which space.
     pub space: Space,
-    /// Stored keys (committed somewhere or reserved).
+    /// Keys with a committed page on some rank.
     pub keys: u64,
+    /// Keys that only have pending reservations.
+    pub pending_keys: u64,
     /// Keys complete across the TP world.
     pub world_size: u32,
     /// Per rank, in rank order.
@@ -294,6 +353,28 @@ pub enum Reply {
         /// Keys dropped.
         keys: u64,
     },
+    /// Keys deleted (those that had a committed page).
+    Deleted(u32),
+    /// One key, or `None` if it is not stored.
+    Key(Option<Box<KeyInfo>>),
     /// Figures.
     Stats(Box<Stats>),
+}
+
+/// Everything known about one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct KeyInfo {
+    /// The key.
+    pub key: Key,
+    /// `(rank, page)` of every committed page, in rank order.
+    pub pages: Vec<(u32, u32)>,
+    /// Committed on every rank of the TP world (what `exists` answers).
+    pub complete: bool,
+    /// Pages reserved for it and not yet confirmed.
+    pub reservations: u32,
+    /// Milliseconds left on its read lease (0: none).
+    pub lease_remaining: Millis,
+    /// Whether eviction may take it now.
+    pub evictable: bool,
 }

@@ -14,8 +14,10 @@ use crate::key::Key;
 /// The hasher the key table uses, seeded by the caller (the core has no randomness).
 pub(crate) type Hasher = foldhash::fast::FixedState;
 
-/// A key's committed page on each rank, sorted by rank; one rank is stored inline.
+/// A key's committed page on each rank, sorted by rank; one rank is stored inline, more in a
+/// boxed vector so the enum stays at 16 bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[allow(clippy::box_collection)] // the box is the point: 8 bytes inline instead of 24
 pub(crate) enum RankPages {
     #[default]
     None,
@@ -23,7 +25,7 @@ pub(crate) enum RankPages {
         rank: u32,
         page: u32,
     },
-    Many(Vec<(u32, u32)>),
+    Many(alloc::boxed::Box<Vec<(u32, u32)>>),
 }
 
 impl RankPages {
@@ -51,7 +53,7 @@ impl RankPages {
                 debug_assert!(*r != rank);
                 let mut v = alloc::vec![(*r, *p), (rank, page)];
                 v.sort_unstable();
-                *self = RankPages::Many(v);
+                *self = RankPages::Many(alloc::boxed::Box::new(v));
             }
             RankPages::Many(v) => {
                 let i = v.binary_search_by_key(&rank, |e| e.0).unwrap_err();
@@ -65,7 +67,7 @@ impl RankPages {
         let (one, many): (Option<RankPage>, &[RankPage]) = match self {
             RankPages::None => (None, &[]),
             RankPages::One { rank, page } => (Some((*rank, *page)), &[]),
-            RankPages::Many(v) => (None, v),
+            RankPages::Many(v) => (None, v.as_slice()),
         };
         one.into_iter().chain(many.iter().copied())
     }
@@ -81,7 +83,20 @@ pub(crate) struct Entry {
     /// while this is non-zero, so a reservation can never be confirmed for a different key
     /// that reused the slot.
     pub(crate) reservations: u32,
+    /// Neighbours in the recency list (towards the least and the most recently used end);
+    /// [`NIL`] at the ends. Only keys with a committed page are in the list.
+    pub(crate) older: u32,
+    pub(crate) newer: u32,
+    /// Second (of the host's clock) of the key's first committed page: a key committed on
+    /// only some ranks becomes evictable once the reservation TTL has passed since then.
+    pub(crate) since_s: u32,
+    /// End of the key's read lease (ms); 0 when it holds none. A leased key is never evicted
+    /// and its pages are never handed to another key before this time.
+    pub(crate) lease_until: u64,
 }
+
+/// "No slot": the end of the recency list.
+pub(crate) const NIL: u32 = u32::MAX;
 
 /// Slab + hash index of keys.
 #[derive(Clone)]
@@ -90,6 +105,10 @@ pub(crate) struct KeyTable {
     vacant: Vec<u32>,
     index: HashTable<u32>,
     hasher: Hasher,
+    /// Most and least recently used ends of the recency list, and its length.
+    newest: u32,
+    oldest: u32,
+    committed: usize,
 }
 
 impl core::fmt::Debug for KeyTable {
@@ -100,7 +119,15 @@ impl core::fmt::Debug for KeyTable {
 
 impl KeyTable {
     pub(crate) fn new(seed: u64) -> KeyTable {
-        KeyTable { slots: Vec::new(), vacant: Vec::new(), index: HashTable::new(), hasher: Hasher::with_seed(seed) }
+        KeyTable {
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            index: HashTable::new(),
+            hasher: Hasher::with_seed(seed),
+            newest: NIL,
+            oldest: NIL,
+            committed: 0,
+        }
     }
 
     pub(crate) fn hasher(&self) -> &Hasher {
@@ -109,6 +136,11 @@ impl KeyTable {
 
     pub(crate) fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// Keys with a committed page (those in the recency list).
+    pub(crate) fn committed_len(&self) -> usize {
+        self.committed
     }
 
     pub(crate) fn find(&self, key: &Key) -> Option<u32> {
@@ -135,7 +167,15 @@ impl KeyTable {
         if let Some(slot) = self.find(key) {
             return slot;
         }
-        let entry = Entry { key: key.clone(), pages: RankPages::None, reservations: 0 };
+        let entry = Entry {
+            key: key.clone(),
+            pages: RankPages::None,
+            reservations: 0,
+            older: NIL,
+            newer: NIL,
+            since_s: 0,
+            lease_until: 0,
+        };
         let slot = match self.vacant.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(entry);
@@ -153,12 +193,78 @@ impl KeyTable {
         slot
     }
 
+    /// Whether `slot` is in the recency list.
+    pub(crate) fn in_recency(&self, slot: u32) -> bool {
+        let e = self.get(slot);
+        e.older != NIL || e.newer != NIL || self.newest == slot
+    }
+
+    /// Puts `slot` at the most recently used end (inserting it if it is not in the list).
+    pub(crate) fn touch(&mut self, slot: u32) {
+        if self.newest == slot {
+            return;
+        }
+        if self.in_recency(slot) {
+            self.unlink(slot);
+        }
+        self.committed += 1;
+        let old_newest = self.newest;
+        {
+            let e = self.get_mut(slot);
+            e.older = old_newest;
+            e.newer = NIL;
+        }
+        if old_newest != NIL {
+            self.get_mut(old_newest).newer = slot;
+        } else {
+            self.oldest = slot;
+        }
+        self.newest = slot;
+    }
+
+    /// Takes `slot` out of the recency list (no-op if it is not in it).
+    pub(crate) fn unlink(&mut self, slot: u32) {
+        if !self.in_recency(slot) {
+            return;
+        }
+        self.committed -= 1;
+        let (older, newer) = {
+            let e = self.get_mut(slot);
+            let links = (e.older, e.newer);
+            e.older = NIL;
+            e.newer = NIL;
+            links
+        };
+        if older != NIL {
+            self.get_mut(older).newer = newer;
+        } else {
+            self.oldest = newer;
+        }
+        if newer != NIL {
+            self.get_mut(newer).older = older;
+        } else {
+            self.newest = older;
+        }
+    }
+
+    /// The least recently used key, if any.
+    pub(crate) fn oldest(&self) -> Option<u32> {
+        (self.oldest != NIL).then_some(self.oldest)
+    }
+
+    /// The key used just after `slot`, if any.
+    pub(crate) fn newer_than(&self, slot: u32) -> Option<u32> {
+        let n = self.get(slot).newer;
+        (n != NIL).then_some(n)
+    }
+
     /// Removes the entry at `slot` if nothing refers to it any more.
     pub(crate) fn release_if_unused(&mut self, slot: u32) {
-        let e = self.get(slot);
+        let Some(e) = self.get_live(slot) else { return };
         if e.reservations > 0 || e.pages.len() > 0 {
             return;
         }
+        debug_assert!(!self.in_recency(slot), "a key without pages is not in the recency list");
         let hash = self.hasher.hash_one(&e.key);
         if let Ok(found) = self.index.find_entry(hash, |&s| s == slot) {
             found.remove();
@@ -192,6 +298,37 @@ impl KeyTable {
                 return Err(format!("vacant slot {v} is occupied"));
             }
         }
+        // The recency list runs oldest → newest through exactly the keys with committed pages.
+        let mut listed = 0usize;
+        let mut prev = NIL;
+        let mut cur = self.oldest;
+        while cur != NIL {
+            let Some(e) = self.get_live(cur) else {
+                return Err(format!("recency list reaches vacant slot {cur}"));
+            };
+            if e.older != prev {
+                return Err(format!("recency list: slot {cur} points back at {} instead of {prev}", e.older));
+            }
+            if e.pages.len() == 0 {
+                return Err(format!("key {:?} without committed pages is in the recency list", e.key));
+            }
+            listed += 1;
+            if listed > live {
+                return Err("recency list has a cycle".into());
+            }
+            prev = cur;
+            cur = e.newer;
+        }
+        if prev != self.newest {
+            return Err(format!("recency list ends at {prev}, newest is {}", self.newest));
+        }
+        let with_pages = self.entries().filter(|(_, e)| e.pages.len() > 0).count();
+        if listed != with_pages || listed != self.committed {
+            return Err(format!(
+                "{listed} keys in the recency list, {with_pages} keys with pages, {} counted",
+                self.committed
+            ));
+        }
         Ok(())
     }
 }
@@ -199,6 +336,38 @@ impl KeyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn order(t: &KeyTable) -> Vec<u32> {
+        let mut v = Vec::new();
+        let mut cur = t.oldest();
+        while let Some(s) = cur {
+            v.push(s);
+            cur = t.newer_than(s);
+        }
+        v
+    }
+
+    #[test]
+    fn recency_list_touch_and_unlink() {
+        let mut t = KeyTable::new(3);
+        let slots: Vec<u32> = ["a", "b", "c"].iter().map(|k| t.find_or_insert(&Key::parse(k).unwrap())).collect();
+        for &s in &slots {
+            t.get_mut(s).pages.insert(0, s);
+            t.touch(s);
+        }
+        assert_eq!(order(&t), slots);
+        t.touch(slots[0]);
+        assert_eq!(order(&t), alloc::vec![slots[1], slots[2], slots[0]]);
+        t.unlink(slots[2]);
+        assert_eq!(order(&t), alloc::vec![slots[1], slots[0]]);
+        t.unlink(slots[2]);
+        t.get_mut(slots[2]).pages = RankPages::None;
+        t.release_if_unused(slots[2]);
+        t.check().unwrap();
+        t.unlink(slots[1]);
+        t.unlink(slots[0]);
+        assert_eq!(order(&t), alloc::vec![]);
+    }
 
     #[test]
     fn rank_pages_insert_and_get() {
@@ -216,6 +385,7 @@ mod tests {
     #[test]
     fn entry_is_small() {
         // Budget: under 100 bytes per stored key including the index and the page table.
-        assert!(core::mem::size_of::<Option<Entry>>() <= 56, "{}", core::mem::size_of::<Option<Entry>>());
+        assert_eq!(core::mem::size_of::<RankPages>(), 16);
+        assert!(core::mem::size_of::<Option<Entry>>() <= 64, "{}", core::mem::size_of::<Option<Entry>>());
     }
 }

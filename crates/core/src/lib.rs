@@ -28,8 +28,8 @@ mod pool;
 mod state;
 
 pub use command::{
-    Allocation, Command, ConfirmReport, Counters, IgnoredRelease, InitOutcome, Millis, RankStats, Refusal, Refused,
-    Reply, Settings, Space, SpaceStats, Stats,
+    Allocation, Command, ConfirmReport, Counters, Eviction, IgnoredRelease, InitOutcome, KeyInfo, Millis, RankStats,
+    Refusal, Refused, Reply, Settings, Space, SpaceStats, Stats,
 };
 pub use error::{Error, PagePlace};
 pub use key::{Key, KeyError, MAX_KEY_LEN};

@@ -30,6 +30,7 @@ const TAG_SHIFT: u32 = 62;
 const TAG_FREE: u64 = 0;
 const TAG_RESERVED: u64 = 1;
 const TAG_COMMITTED: u64 = 2;
+const TAG_QUARANTINED: u64 = 3;
 pub(crate) const GEN_MASK: u64 = (1 << 30) - 1;
 
 /// What a page is doing, unpacked.
@@ -38,6 +39,8 @@ pub(crate) enum Page {
     Free,
     Reserved { slot: u32, generation: u32 },
     Committed { slot: u32 },
+    /// Taken back from a writer or reader that may still be using it; free again later.
+    Quarantined { generation: u32 },
 }
 
 impl PageState {
@@ -51,12 +54,17 @@ impl PageState {
         PageState(TAG_COMMITTED << TAG_SHIFT | u64::from(slot))
     }
 
+    pub(crate) fn quarantined(generation: u64) -> PageState {
+        PageState(TAG_QUARANTINED << TAG_SHIFT | (generation & GEN_MASK) << 32)
+    }
+
     pub(crate) fn get(self) -> Page {
         let slot = self.0 as u32;
         match self.0 >> TAG_SHIFT {
             TAG_FREE => Page::Free,
             TAG_RESERVED => Page::Reserved { slot, generation: ((self.0 >> 32) & GEN_MASK) as u32 },
-            _ => Page::Committed { slot },
+            TAG_COMMITTED => Page::Committed { slot },
+            _ => Page::Quarantined { generation: ((self.0 >> 32) & GEN_MASK) as u32 },
         }
     }
 }
@@ -71,6 +79,12 @@ pub struct PageCounts {
     pub reserved: u32,
     /// Pages holding a confirmed key.
     pub committed: u32,
+    /// Committed pages whose key holds a read lease (a subset of `committed`), as of the last
+    /// command that changed the state.
+    pub leased: u32,
+    /// Pages taken back from a writer whose reservation expired, or from a deleted key a
+    /// reader still holds a lease on: not handed out until their quarantine ends.
+    pub quarantined: u32,
 }
 
 /// One rank's pages.
@@ -100,7 +114,7 @@ impl Pool {
             order,
             table: Vec::new(),
             returned: VecDeque::new(),
-            counts: PageCounts { free: num_pages, reserved: 0, committed: 0 },
+            counts: PageCounts { free: num_pages, ..PageCounts::default() },
         }
     }
 
@@ -182,19 +196,25 @@ impl Pool {
     }
 
     fn bump(&mut self, state: PageState, by: u32) {
-        match state.get() {
-            Page::Free => self.counts.free += by,
-            Page::Reserved { .. } => self.counts.reserved += by,
-            Page::Committed { .. } => self.counts.committed += by,
-        }
+        *self.count_of(state.get()) += by;
     }
 
     fn unbump(&mut self, page: Page) {
+        *self.count_of(page) -= 1;
+    }
+
+    fn count_of(&mut self, page: Page) -> &mut u32 {
         match page {
-            Page::Free => self.counts.free -= 1,
-            Page::Reserved { .. } => self.counts.reserved -= 1,
-            Page::Committed { .. } => self.counts.committed -= 1,
+            Page::Free => &mut self.counts.free,
+            Page::Reserved { .. } => &mut self.counts.reserved,
+            Page::Committed { .. } => &mut self.counts.committed,
+            Page::Quarantined { .. } => &mut self.counts.quarantined,
         }
+    }
+
+    /// Adjusts the leased-page count (leases are the key table's business; the pool counts).
+    pub(crate) fn add_leased(&mut self, delta: i32) {
+        self.counts.leased = self.counts.leased.checked_add_signed(delta).expect("leased count stays in range");
     }
 
     /// Every page that is not free, in page-table order (for re-initialization and checks).
@@ -214,19 +234,24 @@ impl Pool {
     /// Checks the pool's own bookkeeping; O(pool).
     pub(crate) fn check(&self) -> Result<(), alloc::string::String> {
         use alloc::format;
-        let mut counts = PageCounts { free: self.num_pages - self.table.len() as u32, ..PageCounts::default() };
+        let mut counts =
+            PageCounts { free: self.num_pages - self.table.len() as u32, leased: self.counts.leased, ..PageCounts::default() };
         for s in &self.table {
             match s.get() {
                 Page::Free => counts.free += 1,
                 Page::Reserved { .. } => counts.reserved += 1,
                 Page::Committed { .. } => counts.committed += 1,
+                Page::Quarantined { .. } => counts.quarantined += 1,
             }
         }
         if counts != self.counts {
             return Err(format!("counts {:?} but table says {:?}", self.counts, counts));
         }
-        if counts.free + counts.reserved + counts.committed != self.num_pages {
-            return Err(format!("free + reserved + committed != num_pages ({:?}, {})", counts, self.num_pages));
+        if counts.leased > counts.committed {
+            return Err(format!("{} leased pages but only {} committed", counts.leased, counts.committed));
+        }
+        if counts.free + counts.reserved + counts.committed + counts.quarantined != self.num_pages {
+            return Err(format!("free + reserved + committed + quarantined != num_pages ({counts:?}, {})", self.num_pages));
         }
         let mut seen = alloc::collections::BTreeSet::new();
         for &p in &self.returned {
@@ -301,5 +326,6 @@ mod tests {
         assert_eq!(s.get(), Page::Reserved { slot: u32::MAX, generation: 7 });
         assert_eq!(PageState::committed(9).get(), Page::Committed { slot: 9 });
         assert_eq!(PageState::FREE.get(), Page::Free);
+        assert_eq!(PageState::quarantined(5).get(), Page::Quarantined { generation: 5 });
     }
 }

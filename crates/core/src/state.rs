@@ -1,4 +1,10 @@
 //! The state machine: [`Core::apply`] runs one command against every space's pools and keys.
+//!
+//! Page life cycle: free → reserved (allocate, with a deadline) → committed (confirm) → free
+//! (release, delete, eviction, expiry). Pages taken from a writer whose reservation expired, or
+//! from a deleted key that a reader still holds a lease on, pass through quarantine first.
+//! Every deadline lives in a FIFO queue drained at the start of each state-changing command,
+//! in deadline order across the queues, so when a drain happens never changes its outcome.
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
@@ -13,24 +19,96 @@ use crate::key::Key;
 use crate::keys::KeyTable;
 use crate::pool::{GEN_MASK, Page, PageState, Pool, PoolOrder};
 
-/// A pending reservation, queued in deadline order (the TTL is fixed, so creation order).
+/// Something that happens to one page at a deadline: a reservation ends, a quarantine ends.
+/// The generation tells whether the page is still in the state that queued it.
 #[derive(Clone, Copy, Debug)]
-struct Reservation {
-    deadline: Millis,
+struct PageDeadline {
+    at: Millis,
     rank: u32,
     page: u32,
     generation: u64,
 }
 
-/// One space's pools, keys and pending reservations.
+/// The end of a key's read lease.
+#[derive(Clone, Copy, Debug)]
+struct LeaseEnd {
+    at: Millis,
+    slot: u32,
+}
+
+/// A FIFO of deadlines. Durations are fixed per queue, so creation order is deadline order;
+/// a push never goes below the last deadline (after a setting shrinks a duration, newer entries
+/// wait for older ones rather than break the order).
+#[derive(Clone, Debug)]
+struct Deadlines<T>(VecDeque<T>);
+
+trait At {
+    fn at(&self) -> Millis;
+    fn set_at(&mut self, at: Millis);
+}
+impl At for PageDeadline {
+    fn at(&self) -> Millis {
+        self.at
+    }
+    fn set_at(&mut self, at: Millis) {
+        self.at = at;
+    }
+}
+impl At for LeaseEnd {
+    fn at(&self) -> Millis {
+        self.at
+    }
+    fn set_at(&mut self, at: Millis) {
+        self.at = at;
+    }
+}
+
+impl<T: At + Copy> Deadlines<T> {
+    fn new() -> Self {
+        Deadlines(VecDeque::new())
+    }
+
+    /// Queues `item`, raising its deadline to the last one if needed; returns the deadline used.
+    fn push(&mut self, mut item: T) -> Millis {
+        if let Some(last) = self.0.back() {
+            item.set_at(item.at().max(last.at()));
+        }
+        self.0.push_back(item);
+        item.at()
+    }
+
+    fn due(&self, now: Millis) -> Option<Millis> {
+        self.0.front().map(At::at).filter(|&at| at <= now)
+    }
+
+    fn pop(&mut self) -> Option<T> {
+        self.0.pop_front()
+    }
+
+    /// Gives back the memory of a drained burst (amortised O(1): copies only after 3/4 of the
+    /// capacity was drained).
+    fn shrink(&mut self) {
+        if self.0.capacity() > 1024 && self.0.len() * 4 < self.0.capacity() {
+            self.0.shrink_to(self.0.len() * 2);
+        }
+    }
+}
+
+/// One space's pools, keys and deadlines.
 #[derive(Clone, Debug)]
 struct SpaceState {
     order: PoolOrder,
     ranks: BTreeMap<u32, Pool>,
     keys: KeyTable,
-    /// Reservations by deadline; entries whose page moved on are skipped by generation.
-    reservations: VecDeque<Reservation>,
-    /// Reservation generations, so a stale expiry record never ends a newer reservation.
+    /// Reservation deadlines; entries whose page moved on are skipped by generation.
+    reservations: Deadlines<PageDeadline>,
+    /// Quarantine of pages taken back from expired reservations.
+    expired: Deadlines<PageDeadline>,
+    /// Quarantine of pages of deleted or dropped keys that a reader still held a lease on.
+    held: Deadlines<PageDeadline>,
+    /// Read lease ends; an entry counts only if the key's `lease_until` still equals it.
+    leases: Deadlines<LeaseEnd>,
+    /// Generations of reservations and quarantines, so a stale deadline never ends a newer one.
     next_generation: u64,
     counters: Counters,
 }
@@ -43,6 +121,190 @@ pub struct Core {
     seed: u64,
     settings: Settings,
     spaces: BTreeMap<Space, SpaceState>,
+}
+
+fn is_complete(world: u32, pages: usize) -> bool {
+    world > 0 && pages == world as usize
+}
+
+fn world_count(settings: &Settings, sp: &SpaceState) -> u32 {
+    settings.world_size.unwrap_or(sp.ranks.len() as u32)
+}
+
+impl SpaceState {
+    fn new(space: &Space, seed: u64) -> SpaceState {
+        SpaceState {
+            order: match space {
+                Space::Vllm => PoolOrder::Fifo,
+            },
+            ranks: BTreeMap::new(),
+            keys: KeyTable::new(seed),
+            reservations: Deadlines::new(),
+            expired: Deadlines::new(),
+            held: Deadlines::new(),
+            leases: Deadlines::new(),
+            next_generation: 0,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Applies every deadline `<= now`, in deadline order across the queues (ties: reservations,
+    /// then expiry quarantine, then lease quarantine), so draining at t1 and then t2 ends in the
+    /// same state as draining once at t2.
+    fn expire(&mut self, settings: &Settings, now: Millis) {
+        loop {
+            let due = [self.reservations.due(now), self.expired.due(now), self.held.due(now)];
+            let Some((which, _)) =
+                due.iter().enumerate().filter_map(|(i, at)| at.map(|at| (i, at))).min_by_key(|&(i, at)| (at, i))
+            else {
+                break;
+            };
+            match which {
+                0 => {
+                    let d = self.reservations.pop().expect("due");
+                    self.end_reservation(settings, d);
+                }
+                1 => {
+                    let d = self.expired.pop().expect("due");
+                    self.end_quarantine(d);
+                }
+                _ => {
+                    let d = self.held.pop().expect("due");
+                    self.end_quarantine(d);
+                }
+            }
+        }
+        while self.leases.due(now).is_some() {
+            let end = self.leases.pop().expect("due");
+            let counted = self.keys.get_live(end.slot).is_some_and(|e| e.lease_until == end.at);
+            if counted {
+                self.set_unleased(end.slot);
+            }
+        }
+        self.reservations.shrink();
+        self.expired.shrink();
+        self.held.shrink();
+        self.leases.shrink();
+    }
+
+    fn end_reservation(&mut self, settings: &Settings, d: PageDeadline) {
+        let Some(pool) = self.ranks.get_mut(&d.rank) else { return };
+        if d.page >= pool.num_pages() {
+            return;
+        }
+        let Page::Reserved { slot, generation } = pool.state(d.page) else { return };
+        if generation != (d.generation & GEN_MASK) as u32 {
+            return;
+        }
+        self.counters.expired_reservations += 1;
+        if settings.quarantine > 0 {
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            pool.mark(d.page, PageState::quarantined(generation));
+            self.expired.push(PageDeadline { at: d.at.saturating_add(settings.quarantine), generation, ..d });
+            self.counters.quarantined_pages += 1;
+        } else {
+            pool.free(d.page);
+        }
+        self.keys.get_mut(slot).reservations -= 1;
+        self.keys.release_if_unused(slot);
+    }
+
+    fn end_quarantine(&mut self, d: PageDeadline) {
+        let Some(pool) = self.ranks.get_mut(&d.rank) else { return };
+        if d.page < pool.num_pages()
+            && pool.state(d.page) == (Page::Quarantined { generation: (d.generation & GEN_MASK) as u32 })
+        {
+            pool.free(d.page);
+        }
+    }
+
+    /// Gives `slot` a read lease until `now + duration` (or longer, if it has one already).
+    fn lease(&mut self, slot: u32, now: Millis, duration: Millis) {
+        if duration == 0 {
+            return;
+        }
+        let at = self.leases.0.back().map_or(0, |l| l.at).max(now.saturating_add(duration));
+        let e = self.keys.get(slot);
+        if e.lease_until == 0 {
+            for (rank, _) in e.pages.iter() {
+                self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(1);
+            }
+        }
+        if at > e.lease_until {
+            self.keys.get_mut(slot).lease_until = at;
+            self.leases.push(LeaseEnd { at, slot });
+        }
+    }
+
+    fn set_unleased(&mut self, slot: u32) {
+        let e = self.keys.get_mut(slot);
+        if e.lease_until == 0 {
+            return;
+        }
+        e.lease_until = 0;
+        for (rank, _) in self.keys.get(slot).pages.iter() {
+            self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(-1);
+        }
+    }
+
+    /// Takes every committed page from `slot` (except on `gone_rank`, whose pool was replaced):
+    /// pages a reader still holds a lease on are quarantined until the lease ends, the rest are
+    /// free at once.
+    fn drop_pages(&mut self, slot: u32, gone_rank: Option<u32>) {
+        let lease_until = self.keys.get(slot).lease_until;
+        let pages = core::mem::take(&mut self.keys.get_mut(slot).pages);
+        for (rank, page) in pages.iter() {
+            if Some(rank) == gone_rank {
+                continue;
+            }
+            let pool = self.ranks.get_mut(&rank).expect("key's rank exists");
+            if lease_until > 0 {
+                pool.add_leased(-1);
+                let generation = self.next_generation;
+                self.next_generation += 1;
+                pool.mark(page, PageState::quarantined(generation));
+                self.held.push(PageDeadline { at: lease_until, rank, page, generation });
+                self.counters.quarantined_pages += 1;
+            } else {
+                pool.free(page);
+            }
+        }
+        let e = self.keys.get_mut(slot);
+        e.lease_until = 0;
+        self.keys.unlink(slot);
+        self.keys.release_if_unused(slot);
+    }
+
+    fn evictable(&self, settings: &Settings, world: u32, slot: u32, now: Millis) -> bool {
+        let e = self.keys.get(slot);
+        if e.lease_until > now {
+            return false;
+        }
+        is_complete(world, e.pages.len())
+            || now / 1000 > u64::from(e.since_s) + settings.reservation_ttl.div_ceil(1000)
+    }
+
+    /// Evicts least-recently-used keys with a page on `rank` until `need` pages are free and
+    /// `need` more would keep usage at or under the low watermark. O(evicted + skipped).
+    fn make_room(&mut self, settings: &Settings, now: Millis, rank: u32, need: u32) {
+        let world = world_count(settings, self);
+        let n = u64::from(self.ranks[&rank].num_pages());
+        let low = n * u64::from(settings.evict_low_permille) / 1000;
+        let mut cur = self.keys.oldest();
+        while let Some(slot) = cur {
+            let counts = self.ranks[&rank].counts();
+            let used = n - u64::from(counts.free);
+            if counts.free >= need && used + u64::from(need) <= low {
+                break;
+            }
+            cur = self.keys.newer_than(slot);
+            if self.keys.get(slot).pages.get(rank).is_some() && self.evictable(settings, world, slot, now) {
+                self.drop_pages(slot, None);
+                self.counters.evictions += 1;
+            }
+        }
+    }
 }
 
 impl Core {
@@ -58,9 +320,10 @@ impl Core {
 
     /// Applies one command at time `now`. An `Err` means the command applied nothing.
     ///
-    /// Time passing is not part of any command: reservations whose deadline is `<= now` may
-    /// have expired by the time a command is answered, `Ok` or `Err`. That is a function of
-    /// `now` alone, so replaying the same `(now, Command)` sequence gives the same state.
+    /// Time passing is not part of any command: deadlines `<= now` (reservations, quarantines,
+    /// leases) may have run out by the time a command is answered, `Ok` or `Err`. That is a
+    /// function of `now` alone, so replaying the same `(now, Command)` sequence gives the same
+    /// state, whichever commands in between only read.
     pub fn apply(&mut self, now: Millis, cmd: &Command) -> Result<Reply, Error> {
         match cmd {
             Command::Configure(s) => {
@@ -79,23 +342,23 @@ impl Core {
                 self.confirm(now, space, *rank, confirmations, releases)
             }
             Command::Exists { space, keys } => Ok(Reply::Exists(self.exists(space, keys))),
-            Command::Locations { space, rank, keys } => self.locations(space, *rank, keys),
+            Command::Locations { space, rank, keys } => self.locations(now, space, *rank, keys),
+            Command::Delete { space, keys } => Ok(Reply::Deleted(self.delete(now, space, keys))),
+            Command::Inspect { space, key } => Ok(Reply::Key(self.inspect(now, space, key).map(alloc::boxed::Box::new))),
             Command::Clear { space } => Ok(self.clear(space)),
-            Command::Stats => Ok(Reply::Stats(alloc::boxed::Box::new(self.stats()))),
+            Command::Stats => {
+                let settings = self.settings;
+                for sp in self.spaces.values_mut() {
+                    sp.expire(&settings, now);
+                }
+                Ok(Reply::Stats(alloc::boxed::Box::new(self.stats())))
+            }
         }
-    }
-
-    fn world_count(settings: &Settings, sp: &SpaceState) -> u32 {
-        settings.world_size.unwrap_or(sp.ranks.len() as u32)
-    }
-
-    fn is_complete(world: u32, pages: usize) -> bool {
-        world > 0 && pages == world as usize
     }
 
     fn space_mut(&mut self, space: &Space, now: Millis) -> Option<&mut SpaceState> {
         let sp = self.spaces.get_mut(space)?;
-        expire(sp, now);
+        sp.expire(&self.settings, now);
         Some(sp)
     }
 
@@ -109,17 +372,8 @@ impl Core {
             return Err(Error::RankOutsideWorld { rank, world_size });
         }
         let seed = self.seed;
-        let sp = self.spaces.entry(space.clone()).or_insert_with(|| SpaceState {
-            order: match space {
-                Space::Vllm => PoolOrder::Fifo,
-            },
-            ranks: BTreeMap::new(),
-            keys: KeyTable::new(seed),
-            reservations: VecDeque::new(),
-            next_generation: 0,
-            counters: Counters::default(),
-        });
-        expire(sp, now);
+        let sp = self.spaces.entry(space.clone()).or_insert_with(|| SpaceState::new(space, seed));
+        sp.expire(&self.settings, now);
         let outcome = match sp.ranks.get(&rank) {
             None => {
                 let joined_after_keys = sp.ranks.values().any(|p| p.counts().committed > 0);
@@ -135,26 +389,18 @@ impl Core {
                     match page {
                         Page::Committed { slot } => dropped.push(slot),
                         Page::Reserved { slot, .. } => unreserved.push(slot),
-                        Page::Free => {}
+                        Page::Free | Page::Quarantined { .. } => {}
                     }
                 }
                 for &slot in &unreserved {
                     sp.keys.get_mut(slot).reservations -= 1;
                 }
                 for &slot in &dropped {
-                    let pages = core::mem::take(&mut sp.keys.get_mut(slot).pages);
-                    for (r, page) in pages.iter() {
-                        if r != rank {
-                            sp.ranks.get_mut(&r).expect("key's rank exists").free(page);
-                        }
-                    }
+                    sp.drop_pages(slot, Some(rank));
                 }
-                // A key can hold several of the old pages (two writers), so a slot may appear
-                // more than once; releasing it twice would touch a vacant slot.
-                let mut touched: Vec<u32> = dropped.iter().chain(&unreserved).copied().collect();
-                touched.sort_unstable();
-                touched.dedup();
-                for slot in touched {
+                // A key can hold several of the old pages (two writers) and also have been
+                // dropped: releasing is a no-op for a slot already gone.
+                for slot in unreserved {
                     sp.keys.release_if_unused(slot);
                 }
                 sp.counters.dropped_keys += dropped.len() as u64;
@@ -169,59 +415,85 @@ impl Core {
         let Some(sp) = self.space_mut(space, now) else {
             return Err(Error::RankNotInitialized { rank });
         };
-        let world = Self::world_count(&settings, sp);
-        let SpaceState { ranks, keys: table, reservations, next_generation, counters, .. } = sp;
-        let Some(pool) = ranks.get_mut(&rank) else {
+        if !sp.ranks.contains_key(&rank) {
             return Err(Error::RankNotInitialized { rank });
-        };
+        }
+        let world = world_count(&settings, sp);
 
         // One entry per distinct key, at its first position.
-        let distinct = distinct_indices(table.hasher(), keys);
-        // The existing page of every key that is complete and stored on this rank.
-        let hits: Vec<Option<u32>> = distinct
+        let distinct = distinct_indices(sp.keys.hasher(), keys);
+        // The slot and existing page of every key that is complete and stored on this rank.
+        let hits: Vec<Option<(u32, u32)>> = distinct
             .iter()
             .map(|&i| {
-                let slot = table.find(&keys[i as usize])?;
-                let e = table.get(slot);
-                if Self::is_complete(world, e.pages.len()) { e.pages.get(rank) } else { None }
+                let slot = sp.keys.find(&keys[i as usize])?;
+                let e = sp.keys.get(slot);
+                if is_complete(world, e.pages.len()) { e.pages.get(rank).map(|p| (slot, p)) } else { None }
             })
             .collect();
+        // A cache hit is written again into its page: protect it, and it is now recently used.
+        for &(slot, _) in hits.iter().flatten() {
+            sp.lease(slot, now, settings.read_lease);
+            sp.keys.touch(slot);
+        }
+        let fresh = hits.iter().filter(|h| h.is_none()).count() as u32;
+        if settings.eviction == Eviction::Lru && fresh > 0 {
+            let counts = sp.ranks[&rank].counts();
+            let n = u64::from(sp.ranks[&rank].num_pages());
+            let high = n * u64::from(settings.evict_high_permille) / 1000;
+            if counts.free < fresh || n - u64::from(counts.free) + u64::from(fresh) > high {
+                sp.make_room(&settings, now, rank, fresh);
+            }
+        }
 
+        let SpaceState { ranks, keys: table, reservations, next_generation, counters, .. } = sp;
+        let pool = ranks.get_mut(&rank).expect("rank exists");
+        let free = pool.counts().free as usize;
+        // The peer takes one page per key, then returns the pages of cache hits to the back of
+        // the free list, in key order; that rotation is kept while the pool covers the batch.
+        let rotate = free >= distinct.len();
+        let serve_fresh = rotate || (settings.eviction == Eviction::Lru && free >= fresh as usize);
+        let mut reserve = |table: &mut KeyTable, pool: &mut Pool, index: u32, page: u32| {
+            let slot = table.find_or_insert(&keys[index as usize]);
+            table.get_mut(slot).reservations += 1;
+            let generation = *next_generation;
+            *next_generation += 1;
+            pool.mark(page, PageState::reserved(slot, generation));
+            reservations.push(PageDeadline { at: now.saturating_add(settings.reservation_ttl), rank, page, generation });
+        };
         let mut out = Vec::with_capacity(distinct.len());
-        if pool.counts().free as usize >= distinct.len() {
-            // The peer takes one page per key first, then returns the pages of cache hits to
-            // the back of the free list, in key order.
+        if rotate {
             let taken: Vec<u32> = (0..distinct.len())
                 .map(|_| pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages"))
                 .collect();
-            for ((&index, hit), page) in distinct.iter().zip(hits).zip(taken) {
-                if let Some(existing) = hit {
+            for ((&index, hit), page) in distinct.iter().zip(&hits).zip(taken) {
+                if let Some((_, existing)) = *hit {
                     pool.free(page);
-                    counters.cache_hits += 1;
                     out.push(Allocation { index, page: Some(existing), cached: true });
                 } else {
-                    let slot = table.find_or_insert(&keys[index as usize]);
-                    table.get_mut(slot).reservations += 1;
-                    let generation = *next_generation;
-                    *next_generation += 1;
-                    pool.mark(page, PageState::reserved(slot, generation));
-                    reservations.push_back(Reservation {
-                        deadline: now.saturating_add(settings.reservation_ttl),
-                        rank,
-                        page,
-                        generation,
-                    });
-                    counters.reserved += 1;
+                    reserve(table, pool, index, page);
                     out.push(Allocation { index, page: Some(page), cached: false });
                 }
             }
         } else {
-            for (&index, hit) in distinct.iter().zip(hits) {
-                match hit {
-                    Some(_) => counters.cache_hits += 1,
-                    None => counters.misses += 1,
-                }
-                out.push(Allocation { index, page: hit, cached: hit.is_some() });
+            for (&index, hit) in distinct.iter().zip(&hits) {
+                let page = match *hit {
+                    Some((_, existing)) => Some(existing),
+                    None if serve_fresh => {
+                        let page = pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages");
+                        reserve(table, pool, index, page);
+                        Some(page)
+                    }
+                    None => None,
+                };
+                out.push(Allocation { index, page, cached: hit.is_some() });
+            }
+        }
+        for a in &out {
+            match (a.cached, a.page) {
+                (true, _) => counters.cache_hits += 1,
+                (false, Some(_)) => counters.reserved += 1,
+                (false, None) => counters.misses += 1,
             }
         }
         Ok(Reply::Allocated(out))
@@ -253,12 +525,10 @@ impl Core {
         }
 
         let sp = self.space_mut(space, now).expect("space exists");
-        let SpaceState { ranks, keys: table, counters, .. } = sp;
-        let pool = ranks.get_mut(&rank).expect("rank exists");
-        let verdict = |pool: &Pool, table: &KeyTable, key: &Key, page: u32| -> Result<(), Refusal> {
-            let slot = table.find(key);
-            match pool.state(page) {
-                Page::Free => Err(Refusal::NotReserved),
+        let verdict = |sp: &SpaceState, key: &Key, page: u32| -> Result<(), Refusal> {
+            let slot = sp.keys.find(key);
+            match sp.ranks[&rank].state(page) {
+                Page::Free | Page::Quarantined { .. } => Err(Refusal::NotReserved),
                 Page::Reserved { slot: s, .. } if Some(s) == slot => Ok(()),
                 Page::Reserved { .. } => Err(Refusal::ReservedForAnotherKey),
                 Page::Committed { slot: s } if Some(s) == slot => Ok(()),
@@ -267,14 +537,14 @@ impl Core {
         };
         // Refused pairs change nothing, so the first pair acceptable now is accepted when its
         // turn comes: "every pair refused" can be decided before anything is applied.
-        if !confirmations.is_empty() && confirmations.iter().all(|(k, p)| verdict(pool, table, k, *p).is_err()) {
+        if !confirmations.is_empty() && confirmations.iter().all(|(k, p)| verdict(sp, k, *p).is_err()) {
             let refused = confirmations
                 .iter()
                 .enumerate()
                 .map(|(i, (k, p))| Refused {
                     index: i as u32,
                     page: *p,
-                    reason: verdict(pool, table, k, *p).expect_err("all refused"),
+                    reason: verdict(sp, k, *p).expect_err("all refused"),
                 })
                 .collect();
             return Err(Error::NothingConfirmed { refused });
@@ -283,45 +553,56 @@ impl Core {
         let mut report = ConfirmReport::default();
         for (i, (key, page)) in confirmations.iter().enumerate() {
             let page = *page;
-            if let Err(reason) = verdict(pool, table, key, page) {
+            if let Err(reason) = verdict(sp, key, page) {
                 report.refused.push(Refused { index: i as u32, page, reason });
                 continue;
             }
-            let slot = table.find(key).expect("accepted pairs name a stored key");
-            match pool.state(page) {
-                Page::Committed { .. } => report.unchanged += 1,
-                _ => {
-                    let e = table.get_mut(slot);
-                    e.reservations -= 1;
-                    if e.pages.get(rank).is_some() {
-                        // Another writer committed this key on this rank first.
-                        pool.free(page);
-                        report.superseded += 1;
-                    } else {
-                        e.pages.insert(rank, page);
-                        pool.mark(page, PageState::committed(slot));
-                        report.committed += 1;
-                    }
-                }
+            let slot = sp.keys.find(key).expect("accepted pairs name a stored key");
+            let pool = sp.ranks.get_mut(&rank).expect("rank exists");
+            if let Page::Committed { .. } = pool.state(page) {
+                report.unchanged += 1;
+                continue;
             }
+            let e = sp.keys.get_mut(slot);
+            e.reservations -= 1;
+            if e.pages.get(rank).is_some() {
+                // Another writer committed this key on this rank first.
+                pool.free(page);
+                report.superseded += 1;
+                continue;
+            }
+            if e.pages.len() == 0 {
+                e.since_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
+            }
+            e.pages.insert(rank, page);
+            if e.lease_until > 0 {
+                pool.add_leased(1);
+            }
+            pool.mark(page, PageState::committed(slot));
+            sp.keys.touch(slot);
+            report.committed += 1;
         }
         for &page in releases {
+            let pool = sp.ranks.get_mut(&rank).expect("rank exists");
             match pool.state(page) {
                 Page::Reserved { slot, .. } => {
                     pool.free(page);
-                    table.get_mut(slot).reservations -= 1;
-                    table.release_if_unused(slot);
+                    sp.keys.get_mut(slot).reservations -= 1;
+                    sp.keys.release_if_unused(slot);
                     report.released += 1;
                 }
-                Page::Free => report.ignored_releases.push((page, IgnoredRelease::AlreadyFree)),
+                Page::Free | Page::Quarantined { .. } => {
+                    report.ignored_releases.push((page, IgnoredRelease::AlreadyFree))
+                }
                 Page::Committed { .. } => report.ignored_releases.push((page, IgnoredRelease::Committed)),
             }
         }
-        counters.committed += u64::from(report.committed);
-        counters.superseded += u64::from(report.superseded);
-        counters.refused_confirms += report.refused.len() as u64;
-        counters.released += u64::from(report.released);
-        counters.ignored_releases += report.ignored_releases.len() as u64;
+        let c = &mut sp.counters;
+        c.committed += u64::from(report.committed);
+        c.superseded += u64::from(report.superseded);
+        c.refused_confirms += report.refused.len() as u64;
+        c.released += u64::from(report.released);
+        c.ignored_releases += report.ignored_releases.len() as u64;
         Ok(Reply::Confirmed(report))
     }
 
@@ -329,26 +610,67 @@ impl Core {
         let Some(sp) = self.spaces.get(space) else {
             return alloc::vec![false; keys.len()];
         };
-        let world = Self::world_count(&self.settings, sp);
-        keys.iter()
-            .map(|k| sp.keys.find(k).is_some_and(|s| Self::is_complete(world, sp.keys.get(s).pages.len())))
-            .collect()
+        let world = world_count(&self.settings, sp);
+        keys.iter().map(|k| sp.keys.find(k).is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len()))).collect()
     }
 
-    fn locations(&self, space: &Space, rank: u32, keys: &[Key]) -> Result<Reply, Error> {
-        let sp = self.spaces.get(space).filter(|sp| sp.ranks.contains_key(&rank));
+    fn locations(&mut self, now: Millis, space: &Space, rank: u32, keys: &[Key]) -> Result<Reply, Error> {
+        let settings = self.settings;
+        let sp = self.space_mut(space, now).filter(|sp| sp.ranks.contains_key(&rank));
         let Some(sp) = sp else {
             return Err(Error::RankNotInitialized { rank });
         };
-        let world = Self::world_count(&self.settings, sp);
-        let pages = keys
-            .iter()
-            .map(|k| {
-                let e = sp.keys.get(sp.keys.find(k)?);
-                if Self::is_complete(world, e.pages.len()) { e.pages.get(rank) } else { None }
-            })
-            .collect();
+        let world = world_count(&settings, sp);
+        let mut pages = Vec::with_capacity(keys.len());
+        for k in keys {
+            let hit = sp.keys.find(k).and_then(|slot| {
+                let e = sp.keys.get(slot);
+                if is_complete(world, e.pages.len()) { e.pages.get(rank).map(|p| (slot, p)) } else { None }
+            });
+            match hit {
+                Some((slot, page)) => {
+                    // The reader is about to read the page: it must not change hands meanwhile.
+                    sp.lease(slot, now, settings.read_lease);
+                    sp.keys.touch(slot);
+                    sp.counters.location_hits += 1;
+                    pages.push(Some(page));
+                }
+                None => {
+                    sp.counters.location_misses += 1;
+                    pages.push(None);
+                }
+            }
+        }
         Ok(Reply::Locations(pages))
+    }
+
+    fn delete(&mut self, now: Millis, space: &Space, keys: &[Key]) -> u32 {
+        let Some(sp) = self.space_mut(space, now) else { return 0 };
+        let mut deleted = 0;
+        for &i in &distinct_indices(sp.keys.hasher(), keys) {
+            let Some(slot) = sp.keys.find(&keys[i as usize]) else { continue };
+            if sp.keys.get(slot).pages.len() > 0 {
+                sp.drop_pages(slot, None);
+                deleted += 1;
+            }
+        }
+        sp.counters.deleted += u64::from(deleted);
+        deleted
+    }
+
+    fn inspect(&self, now: Millis, space: &Space, key: &Key) -> Option<KeyInfo> {
+        let sp = self.spaces.get(space)?;
+        let slot = sp.keys.find(key)?;
+        let e = sp.keys.get(slot);
+        let world = world_count(&self.settings, sp);
+        Some(KeyInfo {
+            key: e.key.clone(),
+            pages: e.pages.iter().collect(),
+            complete: is_complete(world, e.pages.len()),
+            reservations: e.reservations,
+            lease_remaining: e.lease_until.saturating_sub(now),
+            evictable: e.pages.len() > 0 && sp.evictable(&self.settings, world, slot, now),
+        })
     }
 
     fn clear(&mut self, space: &Space) -> Reply {
@@ -358,21 +680,25 @@ impl Core {
         }
     }
 
-    /// Figures for every space; O(spaces + ranks).
+    /// Figures for every space, as of the last command; O(spaces + ranks).
     pub fn stats(&self) -> Stats {
         let spaces = self
             .spaces
             .iter()
-            .map(|(space, sp)| SpaceStats {
-                space: space.clone(),
-                keys: sp.keys.len() as u64,
-                world_size: Self::world_count(&self.settings, sp),
-                ranks: sp
-                    .ranks
-                    .iter()
-                    .map(|(&rank, p)| RankStats { rank, num_pages: p.num_pages(), pages: p.counts() })
-                    .collect(),
-                counters: sp.counters,
+            .map(|(space, sp)| {
+                let keys = sp.keys.committed_len() as u64;
+                SpaceStats {
+                    space: space.clone(),
+                    keys,
+                    pending_keys: sp.keys.len() as u64 - keys,
+                    world_size: world_count(&self.settings, sp),
+                    ranks: sp
+                        .ranks
+                        .iter()
+                        .map(|(&rank, p)| RankStats { rank, num_pages: p.num_pages(), pages: p.counts() })
+                        .collect(),
+                    counters: sp.counters,
+                }
             })
             .collect();
         Stats { settings: self.settings, spaces }
@@ -385,21 +711,25 @@ impl Core {
 
     /// Checks every invariant of the state; O(state), for tests and debugging.
     ///
-    /// Per rank: free + reserved + committed = num_pages and the free queue holds exactly the
-    /// free pages; no page is owned by two keys; every key's page points back at that key;
-    /// every reserved page belongs to a stored key whose reservation count matches.
+    /// Per rank: free + reserved + committed + quarantined = num_pages and the free queue holds
+    /// exactly the free pages; no page is owned by two keys; every key's page points back at
+    /// that key; every reserved page belongs to a stored key whose reservation count matches and
+    /// has a pending deadline; every quarantined page has a pending deadline; the leased-page
+    /// counts match the keys holding leases; the recency list holds exactly the committed keys.
     pub fn check_invariants(&self) -> Result<(), String> {
         use alloc::format;
         for (space, sp) in &self.spaces {
             sp.keys.check().map_err(|e| format!("{space:?} keys: {e}"))?;
             let mut reserved_per_slot: BTreeMap<u32, u32> = BTreeMap::new();
+            let pending = |q: &Deadlines<PageDeadline>, rank: u32, page: u32, generation: u32| {
+                q.0.iter().any(|d| d.rank == rank && d.page == page && (d.generation & GEN_MASK) as u32 == generation)
+            };
             for (&rank, pool) in &sp.ranks {
                 pool.check().map_err(|e| format!("{space:?} rank {rank}: {e}"))?;
                 for (page, state) in pool.used_pages() {
                     match state {
                         Page::Committed { slot } => {
-                            let e = sp.keys.get_live(slot);
-                            let Some(e) = e else {
+                            let Some(e) = sp.keys.get_live(slot) else {
                                 return Err(format!(
                                     "{space:?} rank {rank} page {page} committed to a vacant slot {slot}"
                                 ));
@@ -414,17 +744,21 @@ impl Core {
                         }
                         Page::Reserved { slot, generation } => {
                             *reserved_per_slot.entry(slot).or_default() += 1;
-                            let pending = sp.reservations.iter().any(|r| {
-                                r.rank == rank && r.page == page && (r.generation & GEN_MASK) as u32 == generation
-                            });
-                            if !pending {
+                            if !pending(&sp.reservations, rank, page, generation) {
                                 return Err(format!("{space:?} rank {rank} page {page} is reserved with no deadline"));
+                            }
+                        }
+                        Page::Quarantined { generation } => {
+                            if !pending(&sp.expired, rank, page, generation) && !pending(&sp.held, rank, page, generation)
+                            {
+                                return Err(format!("{space:?} rank {rank} page {page} is quarantined with no end"));
                             }
                         }
                         Page::Free => {}
                     }
                 }
             }
+            let mut leased_per_rank: BTreeMap<u32, u32> = BTreeMap::new();
             for (slot, e) in sp.keys.entries() {
                 for (rank, page) in e.pages.iter() {
                     let Some(pool) = sp.ranks.get(&rank) else {
@@ -436,6 +770,9 @@ impl Core {
                             e.key
                         ));
                     }
+                    if e.lease_until > 0 {
+                        *leased_per_rank.entry(rank).or_default() += 1;
+                    }
                 }
                 let counted = reserved_per_slot.get(&slot).copied().unwrap_or(0);
                 if counted != e.reservations {
@@ -444,37 +781,21 @@ impl Core {
                         e.key, e.reservations
                     ));
                 }
+                if e.lease_until > 0 && !sp.leases.0.iter().any(|l| l.slot == slot && l.at == e.lease_until) {
+                    return Err(format!("{space:?} key {:?} holds a lease with no end queued", e.key));
+                }
+            }
+            for (&rank, pool) in &sp.ranks {
+                let want = leased_per_rank.get(&rank).copied().unwrap_or(0);
+                if pool.counts().leased != want {
+                    return Err(format!(
+                        "{space:?} rank {rank} counts {} leased pages, keys hold {want}",
+                        pool.counts().leased
+                    ));
+                }
             }
         }
         Ok(())
-    }
-}
-
-/// Ends every reservation whose deadline is `<= now`: its page goes back to the free list.
-fn expire(sp: &mut SpaceState, now: Millis) {
-    while let Some(r) = sp.reservations.front().copied() {
-        if r.deadline > now {
-            break;
-        }
-        sp.reservations.pop_front();
-        let Some(pool) = sp.ranks.get_mut(&r.rank) else { continue };
-        if r.page >= pool.num_pages() {
-            continue;
-        }
-        if let Page::Reserved { slot, generation } = pool.state(r.page)
-            && generation == (r.generation & GEN_MASK) as u32
-        {
-            pool.free(r.page);
-            sp.keys.get_mut(slot).reservations -= 1;
-            sp.keys.release_if_unused(slot);
-            sp.counters.expired_reservations += 1;
-        }
-    }
-    // A burst of reservations leaves a large, mostly empty queue behind; give the memory back
-    // (amortised O(1): this copies len entries only after 3/4 of the capacity was drained).
-    let q = &mut sp.reservations;
-    if q.capacity() > 1024 && q.len() * 4 < q.capacity() {
-        q.shrink_to(q.len() * 2);
     }
 }
 

@@ -41,7 +41,8 @@ fn hex_key(i: u64) -> Key {
 #[test]
 fn a_stored_key_costs_under_100_bytes() {
     const KEYS: u64 = 1_000_000;
-    let mut core = Core::new(7, Settings::default());
+    // Eviction off: this measures a pool filled to the last page.
+    let mut core = Core::new(7, Settings { eviction: kvpages_core::Eviction::Off, ..Settings::default() });
     let space = Space::Vllm;
     core.apply(0, &Command::Initialize { space: space.clone(), rank: 0, num_pages: KEYS as u32 }).unwrap();
     let before = LIVE.load(Ordering::Relaxed);

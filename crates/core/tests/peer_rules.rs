@@ -34,7 +34,7 @@ fn miss(index: u32) -> Allocation {
 }
 
 fn counts(free: u32, reserved: u32, committed: u32) -> PageCounts {
-    PageCounts { free, reserved, committed }
+    PageCounts { free, reserved, committed, ..PageCounts::default() }
 }
 
 // ---- free list order -------------------------------------------------------------------------
@@ -418,7 +418,7 @@ fn recreating_a_rank_where_one_key_holds_several_pages_keeps_the_key_table_sound
 
 #[test]
 fn with_a_world_size_ranks_outside_it_are_refused_and_completeness_needs_all_of_it() {
-    let mut h = Harness::with(Settings { world_size: Some(2), ..Settings::default() });
+    let mut h = Harness::with(Settings { world_size: Some(2), ..common::peer_settings() });
     assert_eq!(h.init(2, 8), Err(Error::RankOutsideWorld { rank: 2, world_size: 2 }));
     assert!(h.stats().spaces.is_empty());
     h.init(0, 8).unwrap();
@@ -588,7 +588,7 @@ fn a_page_out_of_range_refuses_the_whole_confirm() {
 
 #[test]
 fn an_unconfirmed_reservation_expires_after_the_ttl_and_a_late_confirm_is_refused() {
-    let mut h = Harness::with(Settings { reservation_ttl: 1_000, ..Settings::default() });
+    let mut h = Harness::with(Settings { reservation_ttl: 1_000, ..common::peer_settings() });
     h.init(0, 8).unwrap();
     h.now = 100;
     assert_eq!(h.alloc(0, &["a", "b", "c"]), vec![Some(0), Some(1), Some(2)]);
@@ -612,7 +612,7 @@ fn an_unconfirmed_reservation_expires_after_the_ttl_and_a_late_confirm_is_refuse
 
 #[test]
 fn a_late_confirm_of_a_page_handed_to_another_key_is_refused() {
-    let mut h = Harness::with(Settings { reservation_ttl: 50, ..Settings::default() });
+    let mut h = Harness::with(Settings { reservation_ttl: 50, ..common::peer_settings() });
     h.init(0, 1).unwrap();
     assert_eq!(h.alloc(0, &["a"]), vec![Some(0)]);
     h.now = 49;
@@ -634,7 +634,7 @@ fn a_late_confirm_of_a_page_handed_to_another_key_is_refused() {
 
 #[test]
 fn an_expired_second_writer_does_not_disturb_the_committed_page() {
-    let mut h = Harness::with(Settings { reservation_ttl: 10, ..Settings::default() });
+    let mut h = Harness::with(Settings { reservation_ttl: 10, ..common::peer_settings() });
     h.init(0, 4).unwrap();
     h.store(0, &["a"]);
     h.init(1, 4).unwrap(); // `a` is now incomplete, so rank 0 allocates it afresh

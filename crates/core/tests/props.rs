@@ -74,7 +74,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn settings() -> impl Strategy<Value = Settings> {
     (prop_oneof![Just(50u64), Just(200), Just(60_000)], prop_oneof![3 => Just(None), 1 => (1..4u32).prop_map(Some)])
-        .prop_map(|(reservation_ttl, world_size)| Settings { reservation_ttl, world_size })
+        .prop_map(|(reservation_ttl, world_size)| Settings { reservation_ttl, world_size, ..Settings::default() })
 }
 
 /// Turns ops into commands against a running core (the last allocation feeds `ConfirmLast`).

@@ -153,7 +153,7 @@ impl Model {
     fn counts(&self, rank: u32) -> PageCounts {
         let r = &self.ranks[&rank];
         let committed = self.keys.values().filter(|p| p.contains_key(&rank)).count() as u32;
-        PageCounts { free: r.free.len() as u32, reserved: r.reserved.len() as u32, committed }
+        PageCounts { free: r.free.len() as u32, reserved: r.reserved.len() as u32, committed, ..PageCounts::default() }
     }
 }
 
@@ -180,7 +180,7 @@ struct Diff {
 impl Diff {
     fn new(seed: u64, strict: bool) -> Diff {
         // The TTL is far beyond any clock the run reaches, so no reservation expires.
-        let settings = Settings { reservation_ttl: 1 << 50, world_size: None };
+        let settings = Settings { reservation_ttl: 1 << 50, world_size: None, ..common::peer_settings() };
         let universe = (0..UNIVERSE)
             .map(|i| if i % 5 == 4 { Key::parse(&format!("key/{i}")).unwrap() } else { hex_key(1000 + i) })
             .collect();

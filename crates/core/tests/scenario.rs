@@ -39,7 +39,7 @@ impl Scenario {
     fn new(seed: u64) -> Scenario {
         let mut rng = Rng::new(seed);
         let world_size = *rng.pick(&[None, None, Some(2), Some(3)]);
-        let settings = Settings { reservation_ttl: *rng.pick(&[200, 1_000, 5_000]), world_size };
+        let settings = Settings { reservation_ttl: *rng.pick(&[200, 1_000, 5_000]), world_size, ..Settings::default() };
         let universe = (0..UNIVERSE)
             .map(|i| if i % 4 == 3 { Key::parse(&format!("k-{i}")).unwrap() } else { hex_key(i) })
             .collect();

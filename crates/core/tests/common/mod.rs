@@ -101,9 +101,16 @@ pub struct Harness {
     pub now: Millis,
 }
 
+/// Settings under which kvpages answers exactly like vLLM's server (`--eviction off`):
+/// no eviction; quarantine and leases off so freed pages come back at once, as in the peer.
+pub fn peer_settings() -> Settings {
+    Settings { eviction: kvpages_core::Eviction::Off, quarantine: 0, read_lease: 0, ..Settings::default() }
+}
+
 impl Harness {
+    /// The peer's rules: no eviction, no quarantine, no leases.
     pub fn new() -> Harness {
-        Harness::with(Settings::default())
+        Harness::with(peer_settings())
     }
 
     pub fn with(settings: Settings) -> Harness {
