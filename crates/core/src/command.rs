@@ -19,7 +19,6 @@ pub type Millis = u64;
 /// namespace string can ever name the vLLM space.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[non_exhaustive]
 pub enum Space {
     /// The vLLM HF3FS connector's pools and keys.
     Vllm,

@@ -23,13 +23,23 @@ pub enum ErrorCode {
     RankOutsideWorld,
     /// A confirm whose every confirmation was refused.
     NothingConfirmed,
+    /// `/keys/delete` with a malformed body.
+    DeleteRequestInvalid,
+    /// `/admin/keys/{key}` with a key that is not valid.
+    KeyInvalid,
+    /// `/admin/keys/{key}` for a key that is not stored.
+    KeyNotFound,
+    /// The body could not be read (broken chunked encoding, connection cut).
+    BodyUnreadable,
+    /// The body did not arrive within `--request-timeout`.
+    BodyTimeout,
     /// No such route.
     RouteNotFound,
     /// The route exists for another method.
     MethodNotAllowed,
     /// The body is over `--max-body`.
     BodyTooLarge,
-    /// The request took longer than `--request-timeout`.
+    /// The engine was not free within `--request-timeout`.
     Timeout,
     /// The engine failed (a fault of the server, never of the request).
     EngineFault,
@@ -37,7 +47,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -45,9 +55,14 @@ impl ErrorCode {
         ErrorCode::RankNotInitialized,
         ErrorCode::RankOutsideWorld,
         ErrorCode::NothingConfirmed,
+        ErrorCode::DeleteRequestInvalid,
+        ErrorCode::KeyInvalid,
+        ErrorCode::KeyNotFound,
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::BodyTooLarge,
+        ErrorCode::BodyUnreadable,
+        ErrorCode::BodyTimeout,
         ErrorCode::Timeout,
         ErrorCode::EngineFault,
     ];
@@ -58,8 +73,12 @@ impl ErrorCode {
             ErrorCode::InitializeInvalid
             | ErrorCode::KeysRequestInvalid
             | ErrorCode::ConfirmRequestInvalid
-            | ErrorCode::ExistsRequestInvalid => StatusCode::BAD_REQUEST,
-            ErrorCode::RankNotInitialized | ErrorCode::RouteNotFound => StatusCode::NOT_FOUND,
+            | ErrorCode::ExistsRequestInvalid
+            | ErrorCode::DeleteRequestInvalid
+            | ErrorCode::KeyInvalid
+            | ErrorCode::BodyUnreadable => StatusCode::BAD_REQUEST,
+            ErrorCode::RankNotInitialized | ErrorCode::RouteNotFound | ErrorCode::KeyNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::RankOutsideWorld | ErrorCode::NothingConfirmed => StatusCode::CONFLICT,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -78,6 +97,11 @@ impl ErrorCode {
             ErrorCode::RankNotInitialized => "Rank {rank} not initialized",
             ErrorCode::RankOutsideWorld => "Rank {rank} is outside the TP world of {n} ranks (--world-size)",
             ErrorCode::NothingConfirmed => "No confirmation matched a reservation; nothing was applied",
+            ErrorCode::DeleteRequestInvalid => "Invalid delete request: need 'keys'",
+            ErrorCode::KeyInvalid => "Invalid key",
+            ErrorCode::KeyNotFound => "Key not stored",
+            ErrorCode::BodyUnreadable => "Request body could not be read",
+            ErrorCode::BodyTimeout => "Request body not received within {seconds} s (--request-timeout)",
             ErrorCode::RouteNotFound => "Not Found",
             ErrorCode::MethodNotAllowed => "Method Not Allowed",
             ErrorCode::BodyTooLarge => "Request body too large: the limit is {limit} bytes (--max-body)",
@@ -96,6 +120,11 @@ impl ErrorCode {
             ErrorCode::RankNotInitialized => "rank-not-initialized",
             ErrorCode::RankOutsideWorld => "rank-outside-world",
             ErrorCode::NothingConfirmed => "nothing-confirmed",
+            ErrorCode::DeleteRequestInvalid => "delete-request-invalid",
+            ErrorCode::KeyInvalid => "key-invalid",
+            ErrorCode::KeyNotFound => "key-not-found",
+            ErrorCode::BodyUnreadable => "body-unreadable",
+            ErrorCode::BodyTimeout => "body-timeout",
             ErrorCode::RouteNotFound => "route-not-found",
             ErrorCode::MethodNotAllowed => "method-not-allowed",
             ErrorCode::BodyTooLarge => "body-too-large",
@@ -194,11 +223,16 @@ mod tests {
             ErrorCode::RankNotInitialized => 4,
             ErrorCode::RankOutsideWorld => 5,
             ErrorCode::NothingConfirmed => 6,
-            ErrorCode::RouteNotFound => 7,
-            ErrorCode::MethodNotAllowed => 8,
-            ErrorCode::BodyTooLarge => 9,
-            ErrorCode::Timeout => 10,
-            ErrorCode::EngineFault => 11,
+            ErrorCode::DeleteRequestInvalid => 7,
+            ErrorCode::KeyInvalid => 8,
+            ErrorCode::KeyNotFound => 9,
+            ErrorCode::RouteNotFound => 10,
+            ErrorCode::MethodNotAllowed => 11,
+            ErrorCode::BodyTooLarge => 12,
+            ErrorCode::BodyUnreadable => 13,
+            ErrorCode::BodyTimeout => 14,
+            ErrorCode::Timeout => 15,
+            ErrorCode::EngineFault => 16,
         }
     }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use kvpages_core::Settings;
+use kvpages_core::{Eviction, Settings};
 
 use crate::engine::EngineKind;
 use crate::server::{self, ServeConfig};
@@ -24,6 +24,30 @@ pub struct Cli {
 pub enum Cmd {
     /// Run the metadata server (vLLM's routes on port 18000 by default).
     Serve(ServeArgs),
+    /// Measure a server: the vLLM clients' workloads over keep-alive HTTP/1.1 on loopback,
+    /// each beside a transport-only floor measured in the same run (or `--memory`).
+    Bench(crate::bench::BenchArgs),
+    /// Print a running server's `/stats` (pages by state per rank, keys, counters).
+    Stats(QueryArgs),
+    /// Print what a running server knows about one key (`/admin/keys/KEY`).
+    Inspect(InspectArgs),
+}
+
+/// Where a running server is.
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The server's URL (loopback only).
+    #[arg(long, env = "KVPAGES_URL", default_value = "http://127.0.0.1:18000")]
+    pub url: String,
+}
+
+/// Flags of `kvpages inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The key, exactly as the client sends it.
+    pub key: String,
+    #[command(flatten)]
+    pub server: QueryArgs,
 }
 
 /// Flags of `kvpages serve`.
@@ -53,9 +77,50 @@ pub struct ServeArgs {
     /// late confirm is refused.
     #[arg(long, env = "KVPAGES_RESERVATION_TTL", default_value = "60", value_parser = parse_seconds)]
     pub reservation_ttl: Duration,
+    /// Seconds a `get_locations` answer (and an allocate cache hit) protects the returned pages
+    /// from eviction and reuse, so a reader never reads a page a new writer is overwriting.
+    #[arg(long, env = "KVPAGES_READ_LEASE", default_value = "5", value_parser = parse_seconds_or_zero)]
+    pub read_lease: Duration,
+    /// Seconds a page taken back from an expired reservation stays out of use (a slow writer may
+    /// still be writing into it). Default: the reservation TTL.
+    #[arg(long, env = "KVPAGES_QUARANTINE", value_parser = parse_seconds_or_zero)]
+    pub quarantine: Option<Duration>,
+    /// What a full pool does: `lru` evicts least-recently-used keys that hold no lease (on every
+    /// rank at once); `off` answers -1, exactly like vLLM's server.
+    #[arg(long, env = "KVPAGES_EVICTION", value_enum, default_value_t = EvictionArg::Lru)]
+    pub eviction: EvictionArg,
+    /// Evict when a rank's used pages would pass this share of its pool...
+    #[arg(long, env = "KVPAGES_EVICT_HIGH", default_value_t = 0.95, value_parser = parse_share)]
+    pub evict_high: f64,
+    /// ...down to this share.
+    #[arg(long, env = "KVPAGES_EVICT_LOW", default_value_t = 0.90, value_parser = parse_share)]
+    pub evict_low: f64,
     /// Log filter (tracing's env-filter syntax): error, warn, info, debug (one line per request).
     #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
     pub log: String,
+}
+
+/// `--eviction` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvictionArg {
+    /// Least recently used first, leased keys never.
+    Lru,
+    /// Never evict (the peer's behaviour).
+    Off,
+}
+
+/// Parses a share of a pool in `(0, 1]`.
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!("'{s}' must be a share of the pool in (0, 1]"));
+    }
+    Ok(v)
+}
+
+/// Parses seconds as a duration that may be 0 (0 turns the feature off).
+pub fn parse_seconds_or_zero(s: &str) -> Result<Duration, String> {
+    if s.parse::<f64>() == Ok(0.0) { Ok(Duration::ZERO) } else { parse_seconds(s) }
 }
 
 /// Parses seconds, fractions allowed (`0.5`), as a positive duration.
@@ -68,17 +133,31 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
 }
 
 impl ServeArgs {
-    /// The server configuration these flags describe.
-    pub fn config(&self) -> ServeConfig {
-        ServeConfig {
+    /// The server configuration these flags describe, or why they do not fit together.
+    pub fn config(&self) -> Result<ServeConfig, String> {
+        if self.evict_low > self.evict_high {
+            return Err(format!("--evict-low {} is above --evict-high {}", self.evict_low, self.evict_high));
+        }
+        let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
+        let reservation_ttl = ms(self.reservation_ttl).max(1);
+        Ok(ServeConfig {
             engine: self.engine,
             max_body: self.max_body,
             request_timeout: self.request_timeout,
             settings: Settings {
-                reservation_ttl: self.reservation_ttl.as_millis().max(1) as u64,
+                reservation_ttl,
                 world_size: self.world_size,
+                read_lease: ms(self.read_lease),
+                quarantine: self.quarantine.map_or(reservation_ttl, ms),
+                eviction: match self.eviction {
+                    EvictionArg::Lru => Eviction::Lru,
+                    EvictionArg::Off => Eviction::Off,
+                },
+                evict_high_permille: (self.evict_high * 1000.0).round() as u16,
+                evict_low_permille: (self.evict_low * 1000.0).round() as u16,
             },
-        }
+            bench_floor: false,
+        })
     }
 }
 
@@ -99,6 +178,9 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Serve(args) => serve(args),
+        Cmd::Bench(args) => crate::bench::main(args),
+        Cmd::Stats(args) => query(&args.url, "/stats".to_owned()),
+        Cmd::Inspect(args) => query(&args.server.url, format!("/admin/keys/{}", percent_encode(&args.key))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -111,7 +193,7 @@ pub fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     init_logging(&args.log)?;
-    let config = args.config();
+    let config = args.config()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
@@ -142,4 +224,37 @@ fn bracket_v6(host: &str) -> String {
 fn random_seed() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(0x006b_7670_6167_6573_u64)
+}
+
+/// `GET path` on a running server; prints the JSON body, fails on an error status.
+fn query(url: &str, path: String) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = client.get(&path).await.map_err(|e| format!("{url}{path}: {e}"))?;
+        let text = String::from_utf8_lossy(&resp.body);
+        let pretty = serde_json::from_slice::<serde_json::Value>(&resp.body)
+            .ok()
+            .and_then(|v| serde_json::to_string_pretty(&v).ok())
+            .unwrap_or_else(|| text.into_owned());
+        if (200..300).contains(&resp.status) {
+            println!("{pretty}");
+            Ok(())
+        } else {
+            Err(format!("{url}{path} answered {}: {pretty}", resp.status))
+        }
+    })
+}
+
+/// Escapes everything but unreserved characters, for a key in a URL path.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

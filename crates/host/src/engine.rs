@@ -29,6 +29,8 @@ pub enum EngineError {
     Domain(kvpages_core::Error),
     /// The engine itself failed (never the request's fault): answered 503.
     Fault(String),
+    /// The engine was not free within the request's time bound (`--request-timeout`): 503.
+    Busy(std::time::Duration),
 }
 
 /// Something that applies core commands.

@@ -8,12 +8,16 @@
 //!   JSON responses.
 //! - `wire`: strict JSON decoding (integers in u32 range, no duplicate members, exact pairs).
 //! - `routes::vllm`: vLLM's six routes: request bodies → [`kvpages_core::Command`] → replies.
+//! - [`bench`]: `kvpages bench`, the load generator (and its transport-only floor route).
+//! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
 //!
 //! Requests are parsed and validated outside the engine lock; the lock is held only while the
 //! core applies the command.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod engine;
 mod routes;
 pub mod server;

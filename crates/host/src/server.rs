@@ -1,22 +1,22 @@
-//! The server: router, per-request guard (time bound and request log), health, run loop.
+//! The server: router, request log, body reading with its bounds, engine access, run loop.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use kvpages_core::{Command, Millis, Reply, Settings, Space};
+use kvpages_core::{Command, Millis, Reply, Settings};
 use tokio::net::TcpListener;
 
-use crate::api::{ApiError, ErrorCode, json_ok};
+use crate::api::{ApiError, ErrorCode};
 use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
-use crate::routes::vllm;
+use crate::routes::{admin, vllm};
 
 /// Everything `kvpages serve` needs to know.
 #[derive(Clone, Debug)]
@@ -29,6 +29,9 @@ pub struct ServeConfig {
     pub request_timeout: Duration,
     /// The core's settings (world size, reservation TTL).
     pub settings: Settings,
+    /// Serve the load generator's transport-only floor route (`kvpages bench`'s in-process
+    /// server only; never set by `kvpages serve`).
+    pub bench_floor: bool,
 }
 
 impl Default for ServeConfig {
@@ -38,18 +41,20 @@ impl Default for ServeConfig {
             max_body: 16 * 1024 * 1024,
             request_timeout: Duration::from_secs(5),
             settings: Settings::default(),
+            bench_floor: false,
         }
     }
 }
 
 /// State shared by every request.
 pub(crate) struct Shared {
-    /// The one engine; locked only while it applies a command.
-    engine: Mutex<Box<dyn Engine>>,
+    /// The one engine; locked only while it applies a command. An async lock, so a request
+    /// that waits for it past its deadline is answered 503 instead of waiting forever.
+    engine: tokio::sync::Mutex<Box<dyn Engine>>,
     /// What the engine is (kept outside the lock for `/health`).
-    kind: EngineKind,
+    pub(crate) kind: EngineKind,
     /// Zero of the clock handed to the core, and of the uptime.
-    started: Instant,
+    pub(crate) started: Instant,
     pub(crate) config: ServeConfig,
 }
 
@@ -69,18 +74,18 @@ impl App {
         self.started.elapsed().as_millis() as Millis
     }
 
-    /// Applies one command; the lock is held for this call only.
-    pub(crate) fn apply(&self, cmd: &Command) -> Result<Reply, EngineError> {
-        let now = self.now();
-        let mut engine = self
-            .engine
-            .lock()
-            .map_err(|_| EngineError::Fault("the engine lock is poisoned by an earlier panic".into()))?;
-        engine.apply(now, cmd)
+    /// Applies one command; the lock is held for this call only. Waiting for the lock past
+    /// `deadline` gives up with [`EngineError::Busy`].
+    pub(crate) async fn apply(&self, cmd: &Command, deadline: Instant) -> Result<Reply, EngineError> {
+        let mut engine = tokio::time::timeout_at(deadline.into(), self.engine.lock())
+            .await
+            .map_err(|_| EngineError::Busy(self.config.request_timeout))?;
+        engine.apply(self.now(), cmd)
     }
 
-    /// Reads the whole body, refusing it past `--max-body`.
-    pub(crate) async fn body(&self, req: Request) -> Result<Bytes, ApiError> {
+    /// Reads the whole body: 413 past `--max-body`, 408 if it has not arrived by `deadline`
+    /// (a client that stalls is not the server's fault, so no 5xx), 400 if it is broken.
+    pub(crate) async fn body(&self, req: Request, deadline: Instant) -> Result<Bytes, ApiError> {
         let limit = self.config.max_body;
         let too_large = || ApiError::filled(ErrorCode::BodyTooLarge, &[("limit", &limit)]);
         let declared =
@@ -88,7 +93,25 @@ impl App {
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }
-        axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| too_large())
+        let read = axum::body::to_bytes(req.into_body(), limit);
+        match tokio::time::timeout_at(deadline.into(), read).await {
+            Err(_) => Err(ApiError::filled(
+                ErrorCode::BodyTimeout,
+                &[("seconds", &self.config.request_timeout.as_secs_f64())],
+            )),
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(e)) => {
+                let inner = e.into_inner();
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*inner);
+                while let Some(c) = cause {
+                    if c.is::<http_body_util::LengthLimitError>() {
+                        return Err(too_large());
+                    }
+                    cause = c.source();
+                }
+                Err(ApiError::because(ErrorCode::BodyUnreadable, inner))
+            }
+        }
     }
 }
 
@@ -102,37 +125,40 @@ pub fn build_engine(config: &ServeConfig, seed: u64) -> Box<dyn Engine> {
 /// The router with every route, the guard and the JSON fallbacks.
 pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, String> {
     let kind = engine.kind();
-    let app = App(Arc::new(Shared { engine: Mutex::new(engine), kind, started: Instant::now(), config }));
+    let mut engine = engine;
     // Settings are a command, so a command log would replay them in order.
-    app.apply(&Command::Configure(app.config.settings))
+    engine
+        .apply(0, &Command::Configure(config.settings))
         .map_err(|e| format!("the engine refused its settings: {e:?}"))?;
-    Ok(Router::new()
+    let app = App(Arc::new(Shared { engine: tokio::sync::Mutex::new(engine), kind, started: Instant::now(), config }));
+    let mut routes = Router::new();
+    if app.config.bench_floor {
+        routes = routes.route(crate::bench::FLOOR_PATH, post(crate::bench::floor));
+    }
+    Ok(routes
         .route("/rank/{rank}/initialize", post(vllm::initialize))
         .route("/keys/batch_allocate", post(vllm::batch_allocate))
         .route("/keys/confirm_write", post(vllm::confirm_write))
         .route("/keys/batch_exists", post(vllm::batch_exists))
         .route("/keys/get_locations", post(vllm::get_locations))
         .route("/clear", post(vllm::clear))
-        .route("/health", get(health))
+        .route("/keys/delete", post(vllm::delete))
+        .route("/health", get(admin::health))
+        .route("/stats", get(admin::stats))
+        .route("/admin/keys/{key}", get(admin::inspect))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .layer(middleware::from_fn(guard))
         .with_state(app))
 }
 
-/// Bounds each request's time and logs it.
-async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+/// Logs each request (debug). Time bounds live where the waiting is: reading the body (408)
+/// and waiting for the engine (503), see `routes::handle_async`.
+async fn guard(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let start = Instant::now();
-    let limit = app.config.request_timeout;
-    let resp = match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(resp) => resp,
-        Err(_) => {
-            tracing::warn!(%method, %path, "request timed out after {limit:?}");
-            ApiError::filled(ErrorCode::Timeout, &[("seconds", &limit.as_secs_f64())]).into_response()
-        }
-    };
+    let resp = next.run(req).await;
     tracing::debug!(%method, %path, status = resp.status().as_u16(), micros = start.elapsed().as_micros() as u64, "request");
     resp
 }
@@ -142,7 +168,8 @@ async fn not_found(method: Method, req: Request<Body>) -> Response {
 }
 
 async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
-    let allowed = if req.uri().path() == "/health" { "GET" } else { "POST" };
+    let path = req.uri().path();
+    let allowed = if path == "/health" || path == "/stats" || path.starts_with("/admin/") { "GET" } else { "POST" };
     let mut resp = ApiError::because(
         ErrorCode::MethodNotAllowed,
         format_args!("{} accepts {allowed}, not {method}", req.uri().path()),
@@ -150,54 +177,6 @@ async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
     .into_response();
     resp.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(allowed));
     resp
-}
-
-/// `GET /health`: engine, uptime and page counts per rank.
-async fn health(State(app): State<App>) -> Response {
-    #[derive(serde::Serialize)]
-    struct RankHealth {
-        rank: u32,
-        num_pages: u32,
-        free: u32,
-        reserved: u32,
-        committed: u32,
-    }
-    #[derive(serde::Serialize)]
-    struct Health {
-        status: &'static str,
-        engine: String,
-        uptime_seconds: f64,
-        world_size: u32,
-        keys: u64,
-        ranks: Vec<RankHealth>,
-    }
-    let stats = match app.apply(&Command::Stats) {
-        Ok(Reply::Stats(s)) => s,
-        Ok(other) => return crate::routes::unexpected(&other).into_response(),
-        Err(e) => return crate::routes::fault(e).into_response(),
-    };
-    let vllm = stats.spaces.iter().find(|s| s.space == Space::Vllm);
-    json_ok(&Health {
-        status: "serving",
-        engine: app.kind.to_string(),
-        uptime_seconds: app.started.elapsed().as_secs_f64(),
-        world_size: vllm.map_or(0, |s| s.world_size),
-        keys: vllm.map_or(0, |s| s.keys),
-        ranks: vllm
-            .map(|s| {
-                s.ranks
-                    .iter()
-                    .map(|r| RankHealth {
-                        rank: r.rank,
-                        num_pages: r.num_pages,
-                        free: r.pages.free,
-                        reserved: r.pages.reserved,
-                        committed: r.pages.committed,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-    })
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.

@@ -738,7 +738,7 @@ fn table() -> Vec<Case> {
 /// The table's server: ranks 0 and 1 with 8 pages each, `k1` (pages 0) and `k2` (page 1)
 /// complete on both, `pending` reserved on rank 0 (page 2).
 fn seeded() -> Server {
-    let s = Server::start(ServeConfig { max_body: MAX_BODY, ..ServeConfig::default() });
+    let s = Server::start(ServeConfig { max_body: MAX_BODY, ..common::config() });
     s.init(0, 8);
     s.init(1, 8);
     for rank in 0..2 {
@@ -832,8 +832,11 @@ fn every_bad_input_gets_its_status_and_detail_and_changes_nothing() {
     let s = seeded();
     let start = s.fingerprint(&RANKS, &KEYS_SEEN);
     // The seeded state, spelled out once so the fingerprint is known to mean something.
-    assert!(start.contains(r#""keys":3"#), "{start}");
-    assert!(start.contains(r#"{"committed":2,"free":5,"num_pages":8,"rank":0,"reserved":1}"#), "{start}");
+    assert!(start.contains(r#""keys":2"#), "{start}");
+    assert!(
+        start.contains(r#"{"committed":2,"free":5,"num_pages":8,"quarantined":0,"rank":0,"reserved":1}"#),
+        "{start}"
+    );
     assert!(start.contains(r#"exists 200 {"exists":[true,true,false,false,false]}"#), "{start}");
     assert!(start.contains(r#"locations[0] 200 {"locations":[0,1,null,null,null]}"#), "{start}");
     assert!(start.contains(r#"locations[3] 404 {"detail":"Rank 3 not initialized"}"#), "{start}");
@@ -856,7 +859,7 @@ fn every_bad_input_gets_its_status_and_detail_and_changes_nothing() {
     // The reservation is still usable: nothing above touched it.
     s.confirm_ok(0, &[("pending", 2)], &[]);
     let h = s.health_without_uptime();
-    assert!(h.contains(r#"{"committed":3,"free":5,"num_pages":8,"rank":0,"reserved":0}"#), "{h}");
+    assert!(h.contains(r#"{"committed":3,"free":5,"num_pages":8,"quarantined":0,"rank":0,"reserved":0}"#), "{h}");
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn initialize_answers_the_peers_texts() {
     s.post("/rank/007/initialize", init_body(3)).expect_json(200, &message(7, 3));
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":1024,"num_pages":1024,"rank":0,"reserved":0},{"committed":0,"free":1024,"num_pages":1024,"rank":1,"reserved":0},{"committed":0,"free":3,"num_pages":3,"rank":7,"reserved":0}],"status":"serving","world_size":3}"#
+        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0},{"committed":0,"free":3,"num_pages":3,"quarantined":0,"rank":7,"reserved":0}],"status":"serving","world_size":3}"#
     );
 }
 
@@ -69,7 +69,7 @@ fn one_rank_allocate_confirm_exists_locations() {
         .expect_json(200, r#"{"rank":0,"results":[["k3",2]]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":2,"ranks":[{"committed":1,"free":1022,"num_pages":1024,"rank":0,"reserved":1}],"status":"serving","world_size":1}"#
+        r#"{"engine":"native","keys":1,"ranks":[{"committed":1,"free":1022,"num_pages":1024,"quarantined":0,"rank":0,"reserved":1}],"status":"serving","world_size":1}"#
     );
     // `keys` counts every key the server holds a page for, reserved ones (k3) included.
 }
@@ -119,7 +119,7 @@ fn a_save_and_load_cycle_on_two_ranks() {
     assert_eq!(s.locations(1, &keys), r#"{"locations":[0,1,5]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":3,"ranks":[{"committed":3,"free":1021,"num_pages":1024,"rank":0,"reserved":0},{"committed":3,"free":1021,"num_pages":1024,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
+        r#"{"engine":"native","keys":3,"ranks":[{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
     );
 }
 
@@ -178,7 +178,10 @@ fn a_key_repeated_in_one_batch_counts_once() {
     s.post("/keys/batch_allocate", r#"{"rank":0,"keys":[["a",""],["a",""],["b",""]]}"#)
         .expect_json(200, r#"{"rank":0,"results":[["a",0],["b",1]]}"#);
     s.post("/keys/confirm_write", r#"{"rank":0,"confirmations":[["a",0],["b",1]]}"#).expect_no_content();
-    assert!(s.health_without_uptime().contains(r#"{"committed":2,"free":0,"num_pages":2,"rank":0,"reserved":0}"#));
+    assert!(
+        s.health_without_uptime()
+            .contains(r#"{"committed":2,"free":0,"num_pages":2,"quarantined":0,"rank":0,"reserved":0}"#)
+    );
     // Repeats in reads answer each position.
     s.post("/keys/batch_exists", r#"{"keys":["a","a","z","b"]}"#)
         .expect_json(200, r#"{"exists":[true,true,false,true]}"#);
@@ -219,7 +222,7 @@ fn initializing_with_another_size_drops_the_keys_on_every_rank() {
     assert_eq!(s.locations(1, &["a", "b"]), r#"{"locations":[null,null]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":8,"num_pages":8,"rank":0,"reserved":0},{"committed":0,"free":16,"num_pages":16,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
+        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":8,"num_pages":8,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":16,"num_pages":16,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
     );
     // The re-created pool starts at page 0 again; rank 0's freed pages are handed out again.
     assert_eq!(s.allocate(1, &["c"]), vec![("c".into(), 0)]);
@@ -235,7 +238,7 @@ fn initializing_with_another_size_drops_the_keys_on_every_rank() {
 #[test]
 fn a_world_size_refuses_ranks_outside_it_and_completeness_needs_all_of_it() {
     let s = Server::start(kvpages_host::server::ServeConfig {
-        settings: Settings { world_size: Some(2), ..Settings::default() },
+        settings: Settings { world_size: Some(2), ..common::peer_settings() },
         ..config()
     });
     s.post("/rank/2/initialize", init_body(8))
@@ -289,9 +292,12 @@ fn health_has_its_shape() {
     s.allocate(2, &["a", "b", "c"]);
     s.confirm_ok(2, &[("a", 0)], &[2]);
     let v = s.get("/health").json();
-    assert_eq!(v["ranks"], serde_json::json!([{"rank":2,"num_pages":10,"free":8,"reserved":1,"committed":1}]));
-    // `keys` counts a (committed) and b (reserved); c was released.
-    assert_eq!((v["world_size"].as_u64(), v["keys"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(
+        v["ranks"],
+        serde_json::json!([{"rank":2,"num_pages":10,"free":8,"reserved":1,"committed":1,"quarantined":0}])
+    );
+    // `keys` counts keys with a committed page: a (b is only reserved; c was released).
+    assert_eq!((v["world_size"].as_u64(), v["keys"].as_u64()), (Some(1), Some(1)));
     // Uptime moves on.
     let u1 = s.get("/health").json()["uptime_seconds"].as_f64().unwrap();
     std::thread::sleep(Duration::from_millis(5));
@@ -453,7 +459,10 @@ fn the_write_failure_path_releases_and_a_committed_page_is_never_freed() {
     assert_eq!(s.locations(0, &["a", "b", "c"]), r#"{"locations":[0,1,null]}"#);
     s.post("/keys/confirm_write", r#"{"rank":0,"pages_to_release":[3,3,1]}"#).expect_no_content();
     assert_eq!(s.locations(0, &["a", "b"]), r#"{"locations":[0,1]}"#);
-    assert!(s.health_without_uptime().contains(r#"{"committed":2,"free":2,"num_pages":4,"rank":0,"reserved":0}"#));
+    assert!(
+        s.health_without_uptime()
+            .contains(r#"{"committed":2,"free":2,"num_pages":4,"quarantined":0,"rank":0,"reserved":0}"#)
+    );
     // Only the two free pages are handed out, never a committed one.
     assert_eq!(s.allocate(0, &["d", "e"]), vec![("d".into(), 2), ("e".into(), 3)]);
     assert_eq!(s.allocate(0, &["f"]), vec![("f".into(), -1)]);
@@ -497,13 +506,16 @@ fn of_two_writers_of_one_new_key_the_first_confirm_wins() {
     // The second writer's page is freed and its confirm answered 204.
     s.confirm_ok(0, &[("k", 0)], &[]);
     assert_eq!(s.locations(0, &["k"]), r#"{"locations":[1]}"#);
-    assert!(s.health_without_uptime().contains(r#"{"committed":1,"free":3,"num_pages":4,"rank":0,"reserved":0}"#));
+    assert!(
+        s.health_without_uptime()
+            .contains(r#"{"committed":1,"free":3,"num_pages":4,"quarantined":0,"rank":0,"reserved":0}"#)
+    );
 }
 
 #[test]
 fn an_expired_reservation_is_refused() {
     let s = Server::start(kvpages_host::server::ServeConfig {
-        settings: Settings { reservation_ttl: 100, ..Settings::default() },
+        settings: Settings { reservation_ttl: 100, ..common::peer_settings() },
         ..config()
     });
     s.init(0, 2);
@@ -588,8 +600,9 @@ fn a_pool_of_u32_max_pages_is_created_at_once() {
     s.confirm(0, &[], &[u32::MAX - 1]).expect_no_content();
     assert!(t.elapsed() < Duration::from_secs(2), "a huge pool took {:?}", t.elapsed());
     assert!(
-        s.health_without_uptime()
-            .contains(r#"{"committed":1,"free":4294967294,"num_pages":4294967295,"rank":0,"reserved":0}"#)
+        s.health_without_uptime().contains(
+            r#"{"committed":1,"free":4294967294,"num_pages":4294967295,"quarantined":0,"rank":0,"reserved":0}"#
+        )
     );
 }
 

@@ -1,37 +1,68 @@
 //! Route families. Each turns wire requests into core commands and replies back into its wire
 //! format; the shared plumbing (reading the body, logging rejections) lives here.
 
+use std::time::Instant;
+
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use kvpages_core::{Key, Reply};
+use kvpages_core::{Command, Key, Reply};
 use serde::Serialize;
 
 use crate::api::{ApiError, ErrorCode};
 use crate::engine::EngineError;
 use crate::server::App;
 
+pub(crate) mod admin;
 pub(crate) mod vllm;
 
 /// How many bytes of a rejected body the warning shows.
 const PREVIEW_BYTES: usize = 200;
 
-/// Reads the body and runs `f` on it; every error answer is logged with a body preview.
+/// What a route's handler gets: the request's path and body, and the engine through the
+/// request's deadline.
+pub(crate) struct Ctx<'a> {
+    pub(crate) app: &'a App,
+    pub(crate) path: &'a str,
+    pub(crate) body: &'a [u8],
+    deadline: Instant,
+}
+
+impl Ctx<'_> {
+    /// Applies `cmd`, waiting for the engine no later than the request's deadline.
+    pub(crate) async fn apply(&self, cmd: &Command) -> Result<Reply, EngineError> {
+        self.app.apply(cmd, self.deadline).await
+    }
+}
+
+/// Reads the body (bounded by `--max-body` and by the request's deadline) and runs `f` on it;
+/// every error answer is logged with a body preview.
+pub(crate) async fn handle_async(
+    app: App,
+    route: &'static str,
+    req: Request,
+    f: impl AsyncFnOnce(Ctx<'_>) -> Result<Response, ApiError>,
+) -> Response {
+    let deadline = Instant::now() + app.config.request_timeout;
+    let path = req.uri().path().to_owned();
+    let body = match app.body(req, deadline).await {
+        Ok(b) => b,
+        Err(e) => return rejected(route, &Bytes::new(), e),
+    };
+    match f(Ctx { app: &app, path: &path, body: &body, deadline }).await {
+        Ok(resp) => resp,
+        Err(e) => rejected(route, &body, e),
+    }
+}
+
+/// [`handle_async`] for handlers that do not touch the engine.
 pub(crate) async fn handle(
     app: App,
     route: &'static str,
     req: Request,
     f: impl FnOnce(&App, &str, &[u8]) -> Result<Response, ApiError>,
 ) -> Response {
-    let path = req.uri().path().to_owned();
-    let body = match app.body(req).await {
-        Ok(b) => b,
-        Err(e) => return rejected(route, &Bytes::new(), e),
-    };
-    match f(&app, &path, &body) {
-        Ok(resp) => resp,
-        Err(e) => rejected(route, &body, e),
-    }
+    handle_async(app, route, req, async move |cx: Ctx<'_>| f(cx.app, cx.path, cx.body)).await
 }
 
 fn rejected(route: &str, body: &[u8], e: ApiError) -> Response {
@@ -46,10 +77,15 @@ fn rejected(route: &str, body: &[u8], e: ApiError) -> Response {
     e.into_response()
 }
 
-/// An engine fault: 503, never the client's fault.
+/// An engine fault or a busy engine: 503, never the client's fault.
 pub(crate) fn fault(e: EngineError) -> ApiError {
     match e {
         EngineError::Fault(why) => ApiError::because(ErrorCode::EngineFault, why),
+        EngineError::Busy(limit) => ApiError::filled_because(
+            ErrorCode::Timeout,
+            &[("seconds", &limit.as_secs_f64())],
+            "the engine was not free in time",
+        ),
         EngineError::Domain(e) => ApiError::because(ErrorCode::EngineFault, format_args!("unexpected refusal: {e}")),
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::{self, MapAccess};
 use serde::ser::{SerializeSeq, SerializeStruct};
 
-use super::{KeyText, fault, handle, unexpected};
+use super::{Ctx, KeyText, fault, handle_async, unexpected};
 use crate::api::{ApiError, ErrorCode, json_ok, no_content};
 use crate::engine::EngineError;
 use crate::server::App;
@@ -115,7 +115,8 @@ struct Message {
 
 /// `POST /rank/{rank}/initialize` `{"num_pages": N, "role": "worker"|"scheduler"}`.
 pub(crate) async fn initialize(State(app): State<App>, req: Request) -> Response {
-    handle(app, "initialize", req, |app, path, body| {
+    handle_async(app, "initialize", req, async |cx: Ctx<'_>| {
+        let (path, body) = (cx.path, cx.body);
         let rank = rank_from_path(path)?;
         let Object(b) = decode::<Object<InitializeBody>>(body)
             .map_err(|why| ApiError::because(ErrorCode::InitializeInvalid, why))?;
@@ -125,8 +126,7 @@ pub(crate) async fn initialize(State(app): State<App>, req: Request) -> Response
         let Some(U32(num_pages)) = b.num_pages else {
             return Err(ApiError::because(ErrorCode::InitializeInvalid, "member 'num_pages' is missing"));
         };
-        let reply = app
-            .apply(&Command::Initialize { space: SPACE, rank, num_pages })
+        let reply = cx.apply(&Command::Initialize { space: SPACE, rank, num_pages }).await
             .map_err(|e| refused(ErrorCode::InitializeInvalid, e, &[]))?;
         match reply {
             Reply::Initialized { outcome, .. } => match outcome {
@@ -215,10 +215,11 @@ impl Serialize for Allocated<'_> {
 
 /// `POST /keys/batch_allocate` `{"rank": R, "keys": [[key, prefix_key], ...]}`.
 pub(crate) async fn batch_allocate(State(app): State<App>, req: Request) -> Response {
-    handle(app, "batch_allocate", req, |app, _, body| {
+    handle_async(app, "batch_allocate", req, async |cx: Ctx<'_>| {
+        let body = cx.body;
         let (rank, List(pairs)) = decode_rank_keys::<KeyPair>(body)?;
         let cmd = Command::Allocate { space: SPACE, rank, keys: pairs.into_iter().map(|p| p.0).collect() };
-        let results = match app.apply(&cmd).map_err(|e| refused(ErrorCode::KeysRequestInvalid, e, &[]))? {
+        let results = match cx.apply(&cmd).await.map_err(|e| refused(ErrorCode::KeysRequestInvalid, e, &[]))? {
             Reply::Allocated(r) => r,
             other => return Err(unexpected(&other)),
         };
@@ -260,7 +261,8 @@ impl Members for ConfirmBody {
 
 /// `POST /keys/confirm_write` `{"rank": R, "confirmations": [[key, page]...], "pages_to_release": [page...]}`.
 pub(crate) async fn confirm_write(State(app): State<App>, req: Request) -> Response {
-    handle(app, "confirm_write", req, |app, _, body| {
+    handle_async(app, "confirm_write", req, async |cx: Ctx<'_>| {
+        let body = cx.body;
         let Object(b) = decode::<Object<ConfirmBody>>(body)
             .map_err(|why| ApiError::because(ErrorCode::ConfirmRequestInvalid, why))?;
         let rank = b.rank.expect("checked in finish").0;
@@ -271,7 +273,7 @@ pub(crate) async fn confirm_write(State(app): State<App>, req: Request) -> Respo
             releases: b.pages_to_release.0.into_iter().map(|p| p.0).collect(),
         };
         let Command::Confirm { confirmations, .. } = &cmd else { unreachable!("built above") };
-        match app.apply(&cmd).map_err(|e| refused(ErrorCode::ConfirmRequestInvalid, e, confirmations))? {
+        match cx.apply(&cmd).await.map_err(|e| refused(ErrorCode::ConfirmRequestInvalid, e, confirmations))? {
             Reply::Confirmed(report) => {
                 if !report.refused.is_empty() || !report.ignored_releases.is_empty() || report.superseded > 0 {
                     tracing::info!(
@@ -315,11 +317,12 @@ struct ExistsReply {
 
 /// `POST /keys/batch_exists` `{"keys": [key, ...]}`: a pure read.
 pub(crate) async fn batch_exists(State(app): State<App>, req: Request) -> Response {
-    handle(app, "batch_exists", req, |app, _, body| {
+    handle_async(app, "batch_exists", req, async |cx: Ctx<'_>| {
+        let body = cx.body;
         let Object(b) =
             decode::<Object<KeysBody>>(body).map_err(|why| ApiError::because(ErrorCode::ExistsRequestInvalid, why))?;
         let cmd = Command::Exists { space: SPACE, keys: b.keys.0.into_iter().map(|k| k.0).collect() };
-        match app.apply(&cmd).map_err(|e| refused(ErrorCode::ExistsRequestInvalid, e, &[]))? {
+        match cx.apply(&cmd).await.map_err(|e| refused(ErrorCode::ExistsRequestInvalid, e, &[]))? {
             Reply::Exists(exists) => Ok(json_ok(&ExistsReply { exists })),
             other => Err(unexpected(&other)),
         }
@@ -334,10 +337,11 @@ struct LocationsReply {
 
 /// `POST /keys/get_locations` `{"rank": R, "keys": [key, ...]}`.
 pub(crate) async fn get_locations(State(app): State<App>, req: Request) -> Response {
-    handle(app, "get_locations", req, |app, _, body| {
+    handle_async(app, "get_locations", req, async |cx: Ctx<'_>| {
+        let body = cx.body;
         let (rank, List(keys)) = decode_rank_keys::<KeyStr>(body)?;
         let cmd = Command::Locations { space: SPACE, rank, keys: keys.into_iter().map(|k| k.0).collect() };
-        match app.apply(&cmd).map_err(|e| refused(ErrorCode::KeysRequestInvalid, e, &[]))? {
+        match cx.apply(&cmd).await.map_err(|e| refused(ErrorCode::KeysRequestInvalid, e, &[]))? {
             Reply::Locations(locations) => Ok(json_ok(&LocationsReply { locations })),
             other => Err(unexpected(&other)),
         }
@@ -347,13 +351,36 @@ pub(crate) async fn get_locations(State(app): State<App>, req: Request) -> Respo
 
 /// `POST /clear`: drops every vLLM rank and key; the body is ignored.
 pub(crate) async fn clear(State(app): State<App>, req: Request) -> Response {
-    handle(app, "clear", req, |app, _, _| match app.apply(&Command::Clear { space: SPACE }) {
+    handle_async(app, "clear", req, async |cx: Ctx<'_>| match cx.apply(&Command::Clear { space: SPACE }).await {
         Ok(Reply::Cleared { ranks, keys }) => {
             tracing::info!(ranks, keys, "cleared the vLLM space");
             Ok(no_content())
         }
         Ok(other) => Err(unexpected(&other)),
         Err(e) => Err(fault(e)),
+    })
+    .await
+}
+
+#[derive(Serialize)]
+struct DeletedReply {
+    deleted: u32,
+}
+
+/// `POST /keys/delete` `{"keys": [key, ...]}`: drops the keys on every rank (kvpages' own route;
+/// the peer has no delete). Pages a reader still holds a lease on are quarantined until it ends.
+pub(crate) async fn delete(State(app): State<App>, req: Request) -> Response {
+    handle_async(app, "delete", req, async |cx: Ctx<'_>| {
+        let Object(b) = decode::<Object<KeysBody>>(cx.body)
+            .map_err(|why| ApiError::because(ErrorCode::DeleteRequestInvalid, why))?;
+        let cmd = Command::Delete { space: SPACE, keys: b.keys.0.into_iter().map(|k| k.0).collect() };
+        match cx.apply(&cmd).await.map_err(|e| refused(ErrorCode::DeleteRequestInvalid, e, &[]))? {
+            Reply::Deleted(deleted) => {
+                tracing::info!(deleted, "keys deleted");
+                Ok(json_ok(&DeletedReply { deleted }))
+            }
+            other => Err(unexpected(&other)),
+        }
     })
     .await
 }

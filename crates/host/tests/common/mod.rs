@@ -26,9 +26,15 @@ pub struct Server {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The default configuration (16 MiB body limit, no world size, 60 s reservations).
+/// The peer's behaviour (`--eviction off`, no quarantine): what vLLM's server answers, page
+/// numbers included. 16 MiB body limit, no world size, 60 s reservations.
 pub fn config() -> ServeConfig {
-    ServeConfig::default()
+    ServeConfig { settings: peer_settings(), ..ServeConfig::default() }
+}
+
+/// Core settings of `--eviction off --quarantine 0`.
+pub fn peer_settings() -> kvpages_core::Settings {
+    kvpages_core::Settings { eviction: kvpages_core::Eviction::Off, quarantine: 0, ..Default::default() }
 }
 
 fn init_logging() {

@@ -1,0 +1,616 @@
+//! `kvpages bench`: a load generator for vLLM's routes, and the transport-only floor it is
+//! compared with.
+//!
+//! # How a run goes
+//! An in-process server (the same router `kvpages serve` runs, on 127.0.0.1:0, with the floor
+//! route switched on) is started on its own tokio runtime; the generator runs on another. For
+//! each workload it sets the server up (`/clear`, rank 0, stored keys), then for each
+//! concurrency runs N keep-alive connections against:
+//! 1. kvpages (the in-process server, or `--url`),
+//! 2. the floor: the same request bodies sent to [`FLOOR_PATH`], which reads the body through
+//!    the same stack (guard, body limit) and answers a reply of the size the real route gave,
+//!    without parsing or touching the engine,
+//! 3. optionally a peer (`--peer`, e.g. vLLM's Python server).
+//!
+//! Every number is reported beside the floor measured at the same concurrency in the same run,
+//! because the machine is small and shared and absolute numbers move from run to run.
+//!
+//! The allocating workloads never exhaust the 1,000,000-page pool: a round ends before its
+//! pages run out, and the server is cleared and rank 0 re-initialized (`/keys/delete` does not
+//! exist yet); that pause is not counted.
+//!
+//! - `workload`: the workloads, their server state and the per-connection loop.
+//! - `memory`: `--memory`, RSS per stored key and the cost of a 10^8-page rank.
+
+mod memory;
+mod workload;
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use clap::Args;
+use serde::Serialize;
+
+pub use self::workload::Workload;
+use self::workload::{Fixture, KeyGen, Mode, Run, Tally, Worker};
+use crate::api::{json_bytes, no_content};
+use crate::client::{Client, loopback_addr};
+use crate::server::{self, App, ServeConfig};
+
+/// The floor route: registered only when [`ServeConfig::bench_floor`] is set.
+pub const FLOOR_PATH: &str = "/bench/floor";
+
+/// `POST /bench/floor?reply=N`: reads the body like every route, answers `N` bytes (204 when
+/// `N` is 0) without looking at the body or the engine.
+pub(crate) async fn floor(State(app): State<App>, req: Request) -> Response {
+    let n = req.uri().query().and_then(|q| q.strip_prefix("reply=")).and_then(|n| n.parse::<usize>().ok());
+    let n = n.unwrap_or(0).min(app.config.max_body);
+    crate::routes::handle(app, "bench_floor", req, move |_, _, _body| {
+        if n == 0 {
+            return Ok(no_content());
+        }
+        // A JSON string of n bytes, so the reply is well-formed JSON like the real ones.
+        let mut reply = vec![b'x'; n];
+        reply[0] = b'"';
+        reply[n - 1] = b'"';
+        Ok(json_bytes(StatusCode::OK, reply))
+    })
+    .await
+}
+
+/// Flags of `kvpages bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Measure the server at this loopback URL (http://127.0.0.1:PORT) instead of an
+    /// in-process one. It is cleared (POST /clear) repeatedly: pass --wipe to allow that.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Also measure this loopback server (e.g. vLLM's hf3fs_metadata_server.py) on the same
+    /// workloads, right after kvpages, and print kvpages/peer ratios. Needs --wipe.
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Name of the --peer server in the results.
+    #[arg(long, default_value = "vllm-0.33.0-python")]
+    pub peer_name: String,
+    /// Allow the bench to clear the --url and --peer servers' state.
+    #[arg(long)]
+    pub wipe: bool,
+    /// Workloads to run (comma-separated); all by default.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub workload: Vec<Workload>,
+    /// Concurrent connections (comma-separated list: one measurement each).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub concurrency: Vec<usize>,
+    /// Seconds each measurement runs (after its warm-up).
+    #[arg(long, default_value = "3", value_parser = crate::cli::parse_seconds)]
+    pub duration: Duration,
+    /// Seconds each --peer measurement runs (default: --duration).
+    #[arg(long, value_parser = crate::cli::parse_seconds)]
+    pub peer_duration: Option<Duration>,
+    /// Warm-up seconds before each measurement (not counted; 0 for none).
+    #[arg(long, default_value = "0.5", value_parser = parse_warmup)]
+    pub warmup: Duration,
+    /// Stop each measurement after this many requests, if the duration has not ended it first.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Measure memory instead of load: RSS per stored key at --memory-keys 32-hex keys on one
+    /// rank, and the time and RSS of initializing a 10^8-page rank.
+    #[arg(long)]
+    pub memory: bool,
+    /// Keys stored by --memory.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub memory_keys: u32,
+    /// Worker threads of the in-process server and of the generator (default: the CPUs).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Log filter of the in-process server.
+    #[arg(long, default_value = "error")]
+    pub log: String,
+}
+
+fn parse_warmup(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" { Ok(Duration::ZERO) } else { crate::cli::parse_seconds(s) }
+}
+
+/// One measured server.
+#[derive(Clone, Debug, Serialize)]
+struct Target {
+    /// `kvpages`, `floor` or the peer's name.
+    name: String,
+    /// Engine that answered (`native`; `none` for the floor; the peer's name).
+    engine: String,
+    /// Where the state lives: `memory` (no durable mode exists yet).
+    durability: String,
+    #[serde(skip)]
+    addr: SocketAddr,
+    #[serde(skip)]
+    duration: Duration,
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct Latency {
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    mean_us: f64,
+}
+
+impl Latency {
+    fn of(samples: &mut [u64]) -> Latency {
+        if samples.is_empty() {
+            return Latency::default();
+        }
+        samples.sort_unstable();
+        let n = samples.len();
+        let at = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1] as f64 / 1e3;
+        Latency {
+            p50_us: at(0.50),
+            p99_us: at(0.99),
+            p999_us: at(0.999),
+            max_us: samples[n - 1] as f64 / 1e3,
+            mean_us: samples.iter().sum::<u64>() as f64 / n as f64 / 1e3,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct StepResult {
+    route: String,
+    requests: u64,
+    mean_body_bytes: u64,
+    mean_reply_bytes: u64,
+    latency: Latency,
+}
+
+/// One (target, workload, concurrency) measurement.
+#[derive(Clone, Debug, Serialize)]
+struct Measurement {
+    target: String,
+    engine: String,
+    durability: String,
+    workload: String,
+    keys_per_iteration: usize,
+    concurrency: usize,
+    seconds: f64,
+    requests: u64,
+    iterations: u64,
+    errors: u64,
+    first_error: Option<String>,
+    requests_per_s: f64,
+    keys_per_s: f64,
+    /// Every request of the workload, all steps together.
+    latency: Latency,
+    steps: Vec<StepResult>,
+    /// Pool rounds ended (clear + re-initialize) during this measurement.
+    pool_resets: u64,
+    paused_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Ratio {
+    workload: String,
+    concurrency: usize,
+    /// kvpages requests/s ÷ floor requests/s.
+    vs_floor: Option<f64>,
+    /// kvpages requests/s ÷ peer requests/s.
+    vs_peer: Option<f64>,
+    /// kvpages p50 ÷ floor p50.
+    p50_vs_floor: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Machine {
+    nproc: usize,
+    cpu: String,
+    mem_total_kib: u64,
+}
+
+impl Machine {
+    pub(crate) fn read() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mem_total_kib = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        Machine { nproc: std::thread::available_parallelism().map_or(1, |n| n.get()), cpu, mem_total_kib }
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    kind: &'static str,
+    machine: Machine,
+    command: Vec<String>,
+    pool: String,
+    warmup_s: f64,
+    targets: &'a [Target],
+    results: &'a [Measurement],
+    ratios: &'a [Ratio],
+}
+
+/// The in-process server: its own runtime, so that the generator's tasks never share a worker
+/// thread's queue with it.
+struct InProcess {
+    runtime: tokio::runtime::Runtime,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    engine: String,
+}
+
+impl InProcess {
+    fn start(threads: usize) -> Result<InProcess, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("kvpages-server")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let config = ServeConfig { bench_floor: true, ..ServeConfig::default() };
+        let engine = config.engine.to_string();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let router = server::router(config.clone(), server::build_engine(&config, 0x6b76_7061_6765_7321))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        runtime.spawn(async move {
+            if let Err(e) = server::run(listener, router, async move {
+                let _ = rx.await;
+            })
+            .await
+            {
+                tracing::error!("in-process server failed: {e}");
+            }
+        });
+        Ok(InProcess { runtime, addr, stop: Some(tx), engine })
+    }
+
+    fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.runtime.shutdown_timeout(Duration::from_secs(2));
+    }
+}
+
+/// Entry point of `kvpages bench`.
+pub fn main(args: BenchArgs) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).map_err(|e| format!("--log '{}': {e}", args.log))?;
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr).try_init();
+    if args.memory {
+        return memory::run(&args);
+    }
+    if (args.url.is_some() || args.peer.is_some()) && !args.wipe {
+        return Err("the bench clears the servers it measures (POST /clear): add --wipe to allow it".into());
+    }
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        return Err("--concurrency needs numbers of at least 1".into());
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let server = InProcess::start(threads)?;
+    let generator = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("kvpages-bench")
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let result = generator.block_on(load(&args, &server));
+    drop(generator);
+    server.stop();
+    result
+}
+
+async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<Target, String> {
+    // kvpages answers /health with its engine; a server without it (the peer) is named by flag.
+    let mut c = Client::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+    let health = c.get("/health").await.map_err(|e| format!("{addr}: {e}"))?;
+    let field = |v: &serde_json::Value, f: &str| v.get(f).and_then(|e| e.as_str()).map(str::to_owned);
+    let parsed =
+        (health.status == 200).then(|| serde_json::from_slice::<serde_json::Value>(&health.body).ok()).flatten();
+    let engine = parsed.as_ref().and_then(|v| field(v, "engine")).unwrap_or_else(|| name.clone());
+    let durability = parsed.as_ref().and_then(|v| field(v, "durability")).unwrap_or_else(|| "memory".into());
+    Ok(Target { name, engine, durability, addr, duration })
+}
+
+async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
+    let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload.clone() };
+    let primary = match &args.url {
+        Some(url) => describe(loopback_addr(url).map_err(|e| e.to_string())?, "kvpages".into(), args.duration).await?,
+        // The in-process server runs the default engine and keeps its state in memory.
+        None => Target {
+            name: "kvpages".into(),
+            engine: server.engine.clone(),
+            durability: "memory".into(),
+            addr: server.addr,
+            duration: args.duration,
+        },
+    };
+    let floor = Target {
+        name: "floor".into(),
+        engine: "none".into(),
+        durability: "none".into(),
+        addr: server.addr,
+        duration: args.duration,
+    };
+    let peer = match &args.peer {
+        Some(url) => Some(
+            describe(
+                loopback_addr(url).map_err(|e| e.to_string())?,
+                args.peer_name.clone(),
+                args.peer_duration.unwrap_or(args.duration),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let pool = format!(
+        "rank 0 of {} pages; allocating workloads clear the server and re-initialize rank 0 before a round \
+         would exhaust it (no /keys/delete yet), pauses not counted; lookups hit {} stored keys; pool-full: {} pages, all confirmed",
+        workload::POOL_PAGES,
+        workload::STORED_KEYS,
+        workload::FULL_POOL_PAGES
+    );
+    println!("kvpages bench: {} workload(s) × concurrency {:?}; {pool}", workloads.len(), args.concurrency);
+    let mut targets = vec![primary.clone(), floor.clone()];
+    targets.extend(peer.clone());
+    for t in &targets {
+        println!("  target {:<20} engine {:<20} durability {:<8} {}", t.name, t.engine, t.durability, t.addr);
+    }
+    let keys = Arc::new(KeyGen::new(seed()));
+    let mut results: Vec<Measurement> = Vec::new();
+    let mut ratios = Vec::new();
+    let mut failed = Vec::new();
+    for &w in &workloads {
+        let set_up = |t: &Target| {
+            let (addr, keys) = (t.addr, keys.clone());
+            async move {
+                let mut c = Client::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+                Fixture::set_up(&mut c, w, keys).await.map(Arc::new)
+            }
+        };
+        let fixture = set_up(&primary).await.map_err(|e| format!("{}: set-up on {}: {e}", w.name(), primary.name))?;
+        let peer_fixture = match &peer {
+            Some(p) => Some(set_up(p).await.map_err(|e| format!("{}: set-up on {}: {e}", w.name(), p.name))?),
+            None => None,
+        };
+        for &c in &args.concurrency {
+            let real = measure(&primary, &fixture, Mode::Real, c, args).await?;
+            let replies = real.steps.iter().map(|s| format!("{FLOOR_PATH}?reply={}", s.mean_reply_bytes)).collect();
+            let base = measure(&floor, &fixture, Mode::Floor { replies }, c, args).await?;
+            let other = match (&peer, &peer_fixture) {
+                (Some(p), Some(f)) => Some(measure(p, f, Mode::Real, c, args).await?),
+                _ => None,
+            };
+            let div = |a: f64, b: f64| (b > 0.0 && a > 0.0).then_some(a / b);
+            ratios.push(Ratio {
+                workload: w.name().into(),
+                concurrency: c,
+                vs_floor: div(real.requests_per_s, base.requests_per_s),
+                vs_peer: other.as_ref().and_then(|o| div(real.requests_per_s, o.requests_per_s)),
+                p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
+            });
+            for m in [Some(&real), Some(&base)].into_iter().chain([other.as_ref()]).flatten() {
+                if m.errors > 0 && m.target != args.peer_name {
+                    failed.push(format!(
+                        "{} {} c={}: {}",
+                        m.target,
+                        m.workload,
+                        c,
+                        m.first_error.as_deref().unwrap_or("")
+                    ));
+                }
+            }
+            results.push(real);
+            results.push(base);
+            results.extend(other);
+        }
+    }
+    print_tables(&results, &ratios, peer.as_ref());
+    if let Some(path) = &args.json {
+        let report = Report {
+            kind: "load",
+            machine: Machine::read(),
+            command: std::env::args().collect(),
+            pool,
+            warmup_s: args.warmup.as_secs_f64(),
+            targets: &targets,
+            results: &results,
+            ratios: &ratios,
+        };
+        write_json(path, &report)?;
+    }
+    if failed.is_empty() { Ok(()) } else { Err(format!("requests failed:\n  {}", failed.join("\n  "))) }
+}
+
+pub(crate) fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+fn seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0x6b65_7973_u64)
+}
+
+/// One measurement: `concurrency` connections for the target's duration after the warm-up.
+async fn measure(
+    target: &Target,
+    fixture: &Arc<Fixture>,
+    mode: Mode,
+    concurrency: usize,
+    args: &BenchArgs,
+) -> Result<Measurement, String> {
+    let workload = fixture.workload;
+    let mut clients = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        clients.push(Client::connect(target.addr).await.map_err(|e| format!("{}: {e}", target.addr))?);
+    }
+    let start = Instant::now();
+    let measure_from = start + args.warmup;
+    let run = Arc::new(Run {
+        measure_from,
+        deadline: measure_from + target.duration,
+        max_requests: args.requests.unwrap_or(u64::MAX),
+        started: Default::default(),
+        done: Default::default(),
+        errors: Default::default(),
+    });
+    fixture.start_measurement();
+    let resets_before = fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed));
+    let label = format!("{} {} c={concurrency}", target.name, workload.name());
+    let progress = tokio::spawn(progress(label.clone(), run.clone()));
+    let workers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(Worker::new(c, mode.clone(), fixture.clone(), run.clone(), i as u64 + 1).run()))
+        .collect();
+    let mut tallies: Vec<Tally> = Vec::with_capacity(workers.len());
+    for w in workers {
+        tallies.push(w.await.map_err(|e| format!("{label}: a connection task failed: {e}"))?);
+    }
+    progress.abort();
+    let _ = progress.await;
+    let steps = workload.steps();
+    let last = tallies.iter().filter_map(|t| t.last_done).max().unwrap_or(measure_from);
+    let paused = fixture.paused();
+    let seconds = (last.saturating_duration_since(measure_from).saturating_sub(paused)).as_secs_f64().max(1e-9);
+    let mut all = Vec::new();
+    let mut step_results = Vec::with_capacity(steps.len());
+    for (i, (route, _)) in steps.iter().enumerate() {
+        let mut samples: Vec<u64> = tallies.iter().flat_map(|t| t.samples[i].iter().copied()).collect();
+        let n = samples.len() as u64;
+        let body: u64 = tallies.iter().map(|t| t.body_bytes[i]).sum();
+        let reply: u64 = tallies.iter().map(|t| t.reply_bytes[i]).sum();
+        all.extend_from_slice(&samples);
+        step_results.push(StepResult {
+            route: route.to_string(),
+            requests: n,
+            mean_body_bytes: body.checked_div(n).unwrap_or(0),
+            mean_reply_bytes: reply.checked_div(n).unwrap_or(0),
+            latency: Latency::of(&mut samples),
+        });
+    }
+    let requests = all.len() as u64;
+    // Iterations whose requests were all recorded (the warm-up ones are not).
+    let iterations = step_results.iter().map(|s| s.requests).min().unwrap_or(0);
+    let errors = tallies.iter().map(|t| t.errors).sum();
+    let m = Measurement {
+        target: target.name.clone(),
+        engine: target.engine.clone(),
+        durability: target.durability.clone(),
+        workload: workload.name().into(),
+        keys_per_iteration: workload.batch(),
+        concurrency,
+        seconds,
+        requests,
+        iterations,
+        errors,
+        first_error: tallies.iter().find_map(|t| t.first_error.clone()),
+        requests_per_s: requests as f64 / seconds,
+        keys_per_s: (iterations * workload.batch() as u64) as f64 / seconds,
+        latency: Latency::of(&mut all),
+        steps: step_results,
+        pool_resets: fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed)) - resets_before,
+        paused_s: paused.as_secs_f64(),
+    };
+    eprintln!(
+        "{:<44} {:>9.0} req/s {:>10.0} keys/s  p50 {:>8.1} µs  p99 {:>8.1} µs  p99.9 {:>8.1} µs  errors {}{}",
+        label,
+        m.requests_per_s,
+        m.keys_per_s,
+        m.latency.p50_us,
+        m.latency.p99_us,
+        m.latency.p999_us,
+        m.errors,
+        m.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
+    );
+    Ok(m)
+}
+
+/// Prints a progress line every second while a measurement runs (overwritten on a terminal).
+async fn progress(label: String, run: Arc<Run>) {
+    let tty = std::io::stderr().is_terminal();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    let mut last = 0;
+    loop {
+        tick.tick().await;
+        let done = run.done.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let phase = if now < run.measure_from {
+            "warm-up".to_string()
+        } else {
+            format!("{:.0}s", now.saturating_duration_since(run.measure_from).as_secs_f64())
+        };
+        let line = format!(
+            "  … {label} {phase}: {done} requests, {} req/s in the last second, {} errors",
+            done - last,
+            run.errors.load(Ordering::Relaxed)
+        );
+        last = done;
+        let mut err = std::io::stderr().lock();
+        let _ = if tty { write!(err, "\r{line}\x1b[K") } else { writeln!(err, "{line}") };
+        let _ = err.flush();
+    }
+}
+
+fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>) {
+    let find = |target: &str, w: &str, c: usize| {
+        results.iter().find(|m| m.target == target && m.workload == w && m.concurrency == c)
+    };
+    let peer_name = peer.map(|p| p.name.as_str());
+    println!();
+    println!(
+        "{:<22} {:>5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>10} {:>8}",
+        "workload", "conc", "req/s", "keys/s", "p50 µs", "p99 µs", "p99.9 µs", "floor/s", "÷floor", "peer/s", "÷peer"
+    );
+    for r in ratios {
+        let Some(m) = find("kvpages", &r.workload, r.concurrency) else { continue };
+        let f = find("floor", &r.workload, r.concurrency);
+        let p = peer_name.and_then(|n| find(n, &r.workload, r.concurrency));
+        let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        println!(
+            "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>8} {:>10} {:>8}",
+            r.workload,
+            r.concurrency,
+            m.requests_per_s,
+            m.keys_per_s,
+            m.latency.p50_us,
+            m.latency.p99_us,
+            m.latency.p999_us,
+            opt(f.map(|f| f.requests_per_s), 0),
+            opt(r.vs_floor, 2),
+            opt(p.map(|p| p.requests_per_s), 0),
+            opt(r.vs_peer, 1),
+        );
+    }
+    if let Some(m) = results.first() {
+        println!("engine {}, durability {}; latency per request (all steps of a workload).", m.engine, m.durability);
+    }
+}
