@@ -101,14 +101,14 @@ pub(crate) const NIL: u32 = u32::MAX;
 /// Slab + hash index of keys.
 #[derive(Clone)]
 pub(crate) struct KeyTable {
-    slots: Vec<Option<Entry>>,
-    vacant: Vec<u32>,
-    index: HashTable<u32>,
-    hasher: Hasher,
+    pub(crate) slots: Vec<Option<Entry>>,
+    pub(crate) vacant: Vec<u32>,
+    pub(crate) index: HashTable<u32>,
+    pub(crate) hasher: Hasher,
     /// Most and least recently used ends of the recency list, and its length.
-    newest: u32,
-    oldest: u32,
-    committed: usize,
+    pub(crate) newest: u32,
+    pub(crate) oldest: u32,
+    pub(crate) committed: usize,
 }
 
 impl core::fmt::Debug for KeyTable {
@@ -271,6 +271,38 @@ impl KeyTable {
         }
         self.slots[slot as usize] = None;
         self.vacant.push(slot);
+    }
+
+    /// Rebuilds the hash index and the recency count from the slots (after a restore).
+    pub(crate) fn rebuild_index(&mut self) -> Result<(), alloc::string::String> {
+        self.index = HashTable::with_capacity(self.slots.len());
+        self.committed = 0;
+        for (slot, e) in self.slots.iter().enumerate() {
+            let Some(e) = e else { continue };
+            if e.pages.len() > 0 {
+                self.committed += 1;
+            }
+            let hash = self.hasher.hash_one(&e.key);
+            let slots = &self.slots;
+            if self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|o| o.key == e.key)).is_some() {
+                return Err(alloc::format!("key {:?} is stored twice", e.key));
+            }
+            let hasher = &self.hasher;
+            self.index.insert_unique(hash, slot as u32, |&s| {
+                hasher.hash_one(&slots[s as usize].as_ref().expect("live slot").key)
+            });
+        }
+        let n = self.slots.len() as u32;
+        let bad_link = |s: u32| s != NIL && (s >= n || self.slots[s as usize].is_none());
+        if bad_link(self.newest) || bad_link(self.oldest) {
+            return Err("recency list ends point at vacant slots".into());
+        }
+        for e in self.slots.iter().flatten() {
+            if bad_link(e.older) || bad_link(e.newer) {
+                return Err(alloc::format!("key {:?} links to a vacant slot", e.key));
+            }
+        }
+        Ok(())
     }
 
     /// Live entries in slot order (deterministic); O(table), for checks and snapshots.

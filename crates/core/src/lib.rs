@@ -13,6 +13,8 @@
 //! - `pool`: one rank's pages: a lazily materialised free list and a per-page state table.
 //! - `keys`: the key table: a slab of entries behind a seeded hash table of slots.
 //! - [`key`]: [`Key`], compact for 32-hex keys, echoed exactly as sent.
+//! - `state/snapshot`: `Core::snapshot` / `Core::restore` (feature `serde`): the whole state as
+//!   versioned, deterministic bytes.
 //!
 //! Every command costs O(batch): nothing scans or copies a free list or the key table.
 #![no_std]
@@ -35,3 +37,5 @@ pub use error::{Error, PagePlace};
 pub use key::{Key, KeyError, MAX_KEY_LEN};
 pub use pool::{PageCounts, PoolOrder};
 pub use state::Core;
+#[cfg(feature = "serde")]
+pub use state::snapshot::{SNAPSHOT_VERSION, SnapshotError};

@@ -24,7 +24,7 @@ pub enum PoolOrder {
 /// Bits 62..64 hold the tag, bits 0..32 the key slot, bits 32..62 a reservation generation
 /// (so a stale expiry record cannot end a newer reservation of the same page).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PageState(u64);
+pub(crate) struct PageState(pub(crate) u64);
 
 const TAG_SHIFT: u32 = 62;
 const TAG_FREE: u64 = 0;
@@ -90,15 +90,15 @@ pub struct PageCounts {
 /// One rank's pages.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {
-    num_pages: u32,
-    order: PoolOrder,
+    pub(crate) num_pages: u32,
+    pub(crate) order: PoolOrder,
     /// State of every page handed out at least once, indexed by [`Pool::index`].
     /// Its length is the number of pages taken from the fresh range.
-    table: Vec<PageState>,
+    pub(crate) table: Vec<PageState>,
     /// Free pages that were handed out before, in the order they will be handed out again
     /// (front first for FIFO, back first for LIFO).
-    returned: VecDeque<u32>,
-    counts: PageCounts,
+    pub(crate) returned: VecDeque<u32>,
+    pub(crate) counts: PageCounts,
 }
 
 impl core::fmt::Debug for PageState {

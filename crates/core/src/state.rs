@@ -19,6 +19,9 @@ use crate::key::Key;
 use crate::keys::KeyTable;
 use crate::pool::{GEN_MASK, Page, PageState, Pool, PoolOrder};
 
+#[cfg(feature = "serde")]
+pub(crate) mod snapshot;
+
 /// Something that happens to one page at a deadline: a reservation ends, a quarantine ends.
 /// The generation tells whether the page is still in the state that queued it.
 #[derive(Clone, Copy, Debug)]
@@ -287,12 +290,19 @@ impl SpaceState {
 
     /// Evicts least-recently-used keys with a page on `rank` until `need` pages are free and
     /// `need` more would keep usage at or under the low watermark. O(evicted + skipped).
-    fn make_room(&mut self, settings: &Settings, now: Millis, rank: u32, need: u32) {
+    ///
+    /// `protected`: the oldest of the batch's cache hits, which were just made the most recently
+    /// used keys; the walk stops there, so no key reported cached is evicted by its own batch
+    /// (even with no read lease to protect it).
+    fn make_room(&mut self, settings: &Settings, now: Millis, rank: u32, need: u32, protected: Option<u32>) {
         let world = world_count(settings, self);
         let n = u64::from(self.ranks[&rank].num_pages());
         let low = n * u64::from(settings.evict_low_permille) / 1000;
         let mut cur = self.keys.oldest();
         while let Some(slot) = cur {
+            if Some(slot) == protected {
+                break;
+            }
             let counts = self.ranks[&rank].counts();
             let used = n - u64::from(counts.free);
             if counts.free >= need && used + u64::from(need) <= low {
@@ -332,6 +342,12 @@ impl Core {
                     if let Some(&rank) = outside.filter(|&&r| r >= world_size) {
                         return Err(Error::RankOutsideWorld { rank, world_size });
                     }
+                }
+                // Deadlines due by now run out under the settings they were made with, whether
+                // or not a read (Stats) drained them earlier: replay must not depend on reads.
+                let old = self.settings;
+                for sp in self.spaces.values_mut() {
+                    sp.expire(&old, now);
                 }
                 self.settings = *s;
                 Ok(Reply::Configured)
@@ -442,7 +458,8 @@ impl Core {
             let n = u64::from(sp.ranks[&rank].num_pages());
             let high = n * u64::from(settings.evict_high_permille) / 1000;
             if counts.free < fresh || n - u64::from(counts.free) + u64::from(fresh) > high {
-                sp.make_room(&settings, now, rank, fresh);
+                let protected = hits.iter().flatten().next().map(|&(slot, _)| slot);
+                sp.make_room(&settings, now, rank, fresh, protected);
             }
         }
 
@@ -721,8 +738,16 @@ impl Core {
         for (space, sp) in &self.spaces {
             sp.keys.check().map_err(|e| format!("{space:?} keys: {e}"))?;
             let mut reserved_per_slot: BTreeMap<u32, u32> = BTreeMap::new();
-            let pending = |q: &Deadlines<PageDeadline>, rank: u32, page: u32, generation: u32| {
-                q.0.iter().any(|d| d.rank == rank && d.page == page && (d.generation & GEN_MASK) as u32 == generation)
+            // Sets of what the queues hold, so the check stays O(state log state).
+            let queued = |q: &Deadlines<PageDeadline>| {
+                q.0.iter()
+                    .map(|d| (d.rank, d.page, (d.generation & GEN_MASK) as u32))
+                    .collect::<alloc::collections::BTreeSet<_>>()
+            };
+            let (reservations, expired, held) = (queued(&sp.reservations), queued(&sp.expired), queued(&sp.held));
+            let leases: alloc::collections::BTreeSet<(u32, Millis)> = sp.leases.0.iter().map(|l| (l.slot, l.at)).collect();
+            let pending = |q: &alloc::collections::BTreeSet<(u32, u32, u32)>, rank: u32, page: u32, generation: u32| {
+                q.contains(&(rank, page, generation))
             };
             for (&rank, pool) in &sp.ranks {
                 pool.check().map_err(|e| format!("{space:?} rank {rank}: {e}"))?;
@@ -744,12 +769,12 @@ impl Core {
                         }
                         Page::Reserved { slot, generation } => {
                             *reserved_per_slot.entry(slot).or_default() += 1;
-                            if !pending(&sp.reservations, rank, page, generation) {
+                            if !pending(&reservations, rank, page, generation) {
                                 return Err(format!("{space:?} rank {rank} page {page} is reserved with no deadline"));
                             }
                         }
                         Page::Quarantined { generation } => {
-                            if !pending(&sp.expired, rank, page, generation) && !pending(&sp.held, rank, page, generation)
+                            if !pending(&expired, rank, page, generation) && !pending(&held, rank, page, generation)
                             {
                                 return Err(format!("{space:?} rank {rank} page {page} is quarantined with no end"));
                             }
@@ -781,7 +806,7 @@ impl Core {
                         e.key, e.reservations
                     ));
                 }
-                if e.lease_until > 0 && !sp.leases.0.iter().any(|l| l.slot == slot && l.at == e.lease_until) {
+                if e.lease_until > 0 && !leases.contains(&(slot, e.lease_until)) {
                     return Err(format!("{space:?} key {:?} holds a lease with no end queued", e.key));
                 }
             }

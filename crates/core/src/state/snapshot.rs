@@ -1,0 +1,362 @@
+//! Snapshots: the whole state as bytes, and back — for plugin trap recovery, durability and
+//! the browser's scenarios.
+//!
+//! The format is an explicit image of the state (not the in-memory layout): a magic number, a
+//! format version, then postcard. The key table's hash index is not stored; it is rebuilt on
+//! restore. Encoding is deterministic, so equal states give equal bytes on every target, which
+//! is what the native-vs-plugin differential test compares.
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Core, Deadlines, LeaseEnd, PageDeadline, SpaceState};
+use crate::command::{Counters, Settings, Space};
+use crate::key::Key;
+use crate::keys::{Entry, KeyTable, RankPages};
+use crate::pool::{PageCounts, PageState, Pool, PoolOrder};
+
+/// First bytes of every snapshot.
+const MAGIC: [u8; 8] = *b"kvpages\0";
+/// Bumped whenever the image below changes shape.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Why bytes are not a snapshot this build can restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// The bytes do not start with the snapshot magic.
+    NotASnapshot,
+    /// Written by a format version this build does not read.
+    UnknownVersion(u32),
+    /// The bytes do not decode.
+    Malformed(String),
+    /// They decode, but the state breaks an invariant.
+    Inconsistent(String),
+}
+
+impl fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotError::NotASnapshot => f.write_str("not a kvpages snapshot"),
+            SnapshotError::UnknownVersion(v) => {
+                write!(f, "snapshot format version {v} is unknown (this build reads {SNAPSHOT_VERSION})")
+            }
+            SnapshotError::Malformed(e) => write!(f, "snapshot does not decode: {e}"),
+            SnapshotError::Inconsistent(e) => write!(f, "snapshot state is inconsistent: {e}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+extern crate std;
+
+#[cfg(feature = "std")]
+impl std::error::Error for SnapshotError {}
+
+#[derive(Serialize, Deserialize)]
+struct Image {
+    seed: u64,
+    settings: Settings,
+    spaces: Vec<(Space, SpaceImage)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SpaceImage {
+    order: PoolOrder,
+    ranks: Vec<(u32, PoolImage)>,
+    slots: Vec<Option<EntryImage>>,
+    vacant: Vec<u32>,
+    newest: u32,
+    oldest: u32,
+    reservations: Vec<DeadlineImage>,
+    expired: Vec<DeadlineImage>,
+    held: Vec<DeadlineImage>,
+    leases: Vec<(u64, u32)>,
+    next_generation: u64,
+    counters: Counters,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PoolImage {
+    num_pages: u32,
+    table: Vec<u64>,
+    returned: Vec<u32>,
+    counts: PageCounts,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EntryImage {
+    key: Key,
+    pages: Vec<(u32, u32)>,
+    reservations: u32,
+    older: u32,
+    newer: u32,
+    since_s: u32,
+    lease_until: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DeadlineImage {
+    at: u64,
+    rank: u32,
+    page: u32,
+    generation: u64,
+}
+
+fn deadlines_out(q: &Deadlines<PageDeadline>) -> Vec<DeadlineImage> {
+    q.0.iter().map(|d| DeadlineImage { at: d.at, rank: d.rank, page: d.page, generation: d.generation }).collect()
+}
+
+fn deadlines_in(v: Vec<DeadlineImage>) -> Deadlines<PageDeadline> {
+    Deadlines(
+        v.into_iter().map(|d| PageDeadline { at: d.at, rank: d.rank, page: d.page, generation: d.generation }).collect(),
+    )
+}
+
+impl Core {
+    /// The whole state as bytes; `Core::restore` gives back an identical core.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let image = Image {
+            seed: self.seed,
+            settings: self.settings,
+            spaces: self.spaces.iter().map(|(space, sp)| (space.clone(), space_out(sp))).collect(),
+        };
+        let mut out = Vec::from(MAGIC);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        postcard::to_extend(&image, out).expect("writing to a Vec cannot fail")
+    }
+
+    /// A core from [`Core::snapshot`]'s bytes, checked against every invariant.
+    pub fn restore(bytes: &[u8]) -> Result<Core, SnapshotError> {
+        let rest = bytes.strip_prefix(&MAGIC[..]).ok_or(SnapshotError::NotASnapshot)?;
+        let (version, body) = rest.split_at_checked(4).ok_or(SnapshotError::NotASnapshot)?;
+        let version = u32::from_le_bytes(version.try_into().expect("4 bytes"));
+        if version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::UnknownVersion(version));
+        }
+        let image: Image = postcard::from_bytes(body).map_err(|e| SnapshotError::Malformed(alloc::format!("{e}")))?;
+        let mut spaces = BTreeMap::new();
+        for (space, sp) in image.spaces {
+            let sp = space_in(sp, image.seed).map_err(SnapshotError::Inconsistent)?;
+            if spaces.insert(space.clone(), sp).is_some() {
+                return Err(SnapshotError::Inconsistent(alloc::format!("space {space:?} appears twice")));
+            }
+        }
+        let core = Core { seed: image.seed, settings: image.settings, spaces };
+        core.check_invariants().map_err(SnapshotError::Inconsistent)?;
+        Ok(core)
+    }
+}
+
+fn space_out(sp: &SpaceState) -> SpaceImage {
+    SpaceImage {
+        order: sp.order,
+        ranks: sp
+            .ranks
+            .iter()
+            .map(|(&rank, p)| {
+                let image = PoolImage {
+                    num_pages: p.num_pages,
+                    table: p.table.iter().map(|s| s.0).collect(),
+                    returned: p.returned.iter().copied().collect(),
+                    counts: p.counts,
+                };
+                (rank, image)
+            })
+            .collect(),
+        slots: sp
+            .keys
+            .slots
+            .iter()
+            .map(|e| {
+                e.as_ref().map(|e| EntryImage {
+                    key: e.key.clone(),
+                    pages: e.pages.iter().collect(),
+                    reservations: e.reservations,
+                    older: e.older,
+                    newer: e.newer,
+                    since_s: e.since_s,
+                    lease_until: e.lease_until,
+                })
+            })
+            .collect(),
+        vacant: sp.keys.vacant.clone(),
+        newest: sp.keys.newest,
+        oldest: sp.keys.oldest,
+        reservations: deadlines_out(&sp.reservations),
+        expired: deadlines_out(&sp.expired),
+        held: deadlines_out(&sp.held),
+        leases: sp.leases.0.iter().map(|l| (l.at, l.slot)).collect(),
+        next_generation: sp.next_generation,
+        counters: sp.counters,
+    }
+}
+
+fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
+    use alloc::format;
+    let mut ranks = BTreeMap::new();
+    for (rank, p) in img.ranks {
+        if p.table.len() > p.num_pages as usize {
+            return Err(format!("rank {rank}: {} page states for {} pages", p.table.len(), p.num_pages));
+        }
+        let pool = Pool {
+            num_pages: p.num_pages,
+            order: img.order,
+            table: p.table.into_iter().map(PageState).collect(),
+            returned: VecDeque::from(p.returned),
+            counts: p.counts,
+        };
+        if ranks.insert(rank, pool).is_some() {
+            return Err(format!("rank {rank} appears twice"));
+        }
+    }
+    let mut keys = KeyTable::new(seed);
+    keys.slots = img
+        .slots
+        .into_iter()
+        .map(|e| {
+            e.map(|e| {
+                let mut pages = RankPages::None;
+                for (rank, page) in e.pages {
+                    pages.insert(rank, page);
+                }
+                Entry {
+                    key: e.key,
+                    pages,
+                    reservations: e.reservations,
+                    older: e.older,
+                    newer: e.newer,
+                    since_s: e.since_s,
+                    lease_until: e.lease_until,
+                }
+            })
+        })
+        .collect();
+    keys.vacant = img.vacant;
+    keys.newest = img.newest;
+    keys.oldest = img.oldest;
+    keys.rebuild_index()?;
+    Ok(SpaceState {
+        order: img.order,
+        ranks,
+        keys,
+        reservations: deadlines_in(img.reservations),
+        expired: deadlines_in(img.expired),
+        held: deadlines_in(img.held),
+        leases: Deadlines(img.leases.into_iter().map(|(at, slot)| LeaseEnd { at, slot }).collect()),
+        next_generation: img.next_generation,
+        counters: img.counters,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Command, Eviction, Reply};
+
+    fn key(i: u64) -> Key {
+        if i % 3 == 0 {
+            Key::parse(&alloc::format!("{:032x}", i * 0x9E37_79B9)).unwrap()
+        } else {
+            Key::parse(&alloc::format!("key-{i}")).unwrap()
+        }
+    }
+
+    /// A core with every kind of state: committed, partial, reserved, leased, quarantined keys.
+    fn busy_core() -> (Core, u64) {
+        let settings = Settings { read_lease: 50, quarantine: 30, reservation_ttl: 20, ..Settings::default() };
+        let mut core = Core::new(42, settings);
+        let mut now = 0;
+        for rank in 0..2 {
+            core.apply(now, &Command::Initialize { space: Space::Vllm, rank, num_pages: 12 }).unwrap();
+        }
+        let mut x: u64 = 7;
+        for step in 0..400u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            now += x % 7;
+            let rank = (x >> 8) as u32 % 2;
+            let keys: Vec<Key> = (0..1 + x % 4).map(|i| key((x >> 16).wrapping_add(i) % 30)).collect();
+            match step % 5 {
+                0 | 1 => {
+                    if let Ok(Reply::Allocated(a)) =
+                        core.apply(now, &Command::Allocate { space: Space::Vllm, rank, keys: keys.clone() })
+                    {
+                        let confirmations = a
+                            .iter()
+                            .filter(|a| !a.cached && x % 3 != 0)
+                            .filter_map(|a| Some((keys[a.index as usize].clone(), a.page?)))
+                            .collect();
+                        let _ = core.apply(
+                            now,
+                            &Command::Confirm { space: Space::Vllm, rank, confirmations, releases: Vec::new() },
+                        );
+                    }
+                }
+                2 => {
+                    let _ = core.apply(now, &Command::Locations { space: Space::Vllm, rank, keys });
+                }
+                3 => {
+                    let _ = core.apply(now, &Command::Delete { space: Space::Vllm, keys });
+                }
+                _ => {
+                    let _ = core.apply(now, &Command::Exists { space: Space::Vllm, keys });
+                }
+            }
+        }
+        (core, now)
+    }
+
+    #[test]
+    fn a_restored_core_is_the_same_core() {
+        let (mut core, now) = busy_core();
+        let bytes = core.snapshot();
+        let mut back = Core::restore(&bytes).unwrap();
+        assert_eq!(back.snapshot(), bytes, "snapshot → restore → snapshot is the identity");
+        assert_eq!(back.stats(), core.stats());
+        // Both go on identically, through expiry, leases and eviction.
+        for step in 0..200u64 {
+            let t = now + step * 3;
+            let keys: Vec<Key> = (0..3).map(|i| key((step * 7 + i) % 40)).collect();
+            let cmd = match step % 3 {
+                0 => Command::Allocate { space: Space::Vllm, rank: (step % 2) as u32, keys },
+                1 => Command::Locations { space: Space::Vllm, rank: 0, keys },
+                _ => Command::Delete { space: Space::Vllm, keys },
+            };
+            assert_eq!(core.apply(t, &cmd), back.apply(t, &cmd), "step {step}");
+        }
+        assert_eq!(core.snapshot(), back.snapshot());
+    }
+
+    #[test]
+    fn bad_bytes_are_refused_with_a_reason() {
+        let (core, _) = busy_core();
+        let bytes = core.snapshot();
+        assert_eq!(Core::restore(b"nope").unwrap_err(), SnapshotError::NotASnapshot);
+        let mut future = bytes.clone();
+        future[8] = 99;
+        assert_eq!(Core::restore(&future).unwrap_err(), SnapshotError::UnknownVersion(99));
+        assert!(matches!(Core::restore(&bytes[..bytes.len() / 2]), Err(SnapshotError::Malformed(_))));
+        // Settings survive, eviction policy included.
+        let off = Core::new(1, Settings { eviction: Eviction::Off, ..Settings::default() });
+        assert_eq!(Core::restore(&off.snapshot()).unwrap().settings().eviction, Eviction::Off);
+    }
+
+    #[test]
+    fn a_snapshot_that_breaks_an_invariant_is_refused() {
+        let mut core = Core::new(3, Settings::default());
+        core.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 4 }).unwrap();
+        core.apply(0, &Command::Allocate { space: Space::Vllm, rank: 0, keys: alloc::vec![key(1)] }).unwrap();
+        // Forge the page count in the image: free + reserved no longer adds up.
+        let mut image: Image = postcard::from_bytes(&core.snapshot()[12..]).unwrap();
+        image.spaces[0].1.ranks[0].1.counts.free += 1;
+        let mut forged = Vec::from(MAGIC);
+        forged.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        let forged = postcard::to_extend(&image, forged).unwrap();
+        assert!(matches!(Core::restore(&forged), Err(SnapshotError::Inconsistent(_))));
+    }
+}
