@@ -274,6 +274,7 @@ impl KeyTable {
     }
 
     /// Rebuilds the hash index and the recency count from the slots (after a restore).
+    #[cfg(feature = "serde")]
     pub(crate) fn rebuild_index(&mut self) -> Result<(), alloc::string::String> {
         self.index = HashTable::with_capacity(self.slots.len());
         self.committed = 0;
