@@ -14,14 +14,22 @@ pub type Millis = u64;
 
 /// A set of pools and keys that shares nothing with any other space.
 ///
-/// vLLM's routes use [`Space::Vllm`]: one key table whose keys span every TP rank, FIFO pools.
-/// SGLang's `rank:namespace` pools (a later addition) get spaces of their own, so no SGLang
-/// namespace string can ever name the vLLM space.
+/// vLLM's routes use [`Space::Vllm`]: one key table whose keys span every TP rank, FIFO pools,
+/// all-or-nothing allocation. Each SGLang `rank:namespace` pool is a [`Space::Sglang`] of its
+/// own, so no SGLang namespace string can ever name the vLLM space.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Space {
     /// The vLLM HF3FS connector's pools and keys.
     Vllm,
+    /// One SGLang HiCache `rank:namespace` pool and its keys: stack (LIFO) page order, a key
+    /// lives on this one rank, each new key of a reserve takes a page while any is free.
+    Sglang {
+        /// The rank (SGLang's URL path `/{rank}/...`).
+        rank: u32,
+        /// The namespace (`"kv"` by default; `"mamba"`, `"swa"`, ... for hybrid models).
+        namespace: Box<str>,
+    },
 }
 
 /// What happens when an allocation does not fit in the free pages.
@@ -144,7 +152,13 @@ pub enum Command {
         /// The key.
         key: Key,
     },
-    /// Drop every rank and key of a space.
+    /// Drop every key of a space and make all its pages free, keeping its ranks (SGLang's
+    /// `/{rank}/clear`).
+    Reset {
+        /// Which space.
+        space: Space,
+    },
+    /// Drop every rank and key of a space (vLLM's `/clear`).
     Clear {
         /// Which space.
         space: Space,

@@ -37,10 +37,17 @@ pub(crate) const GEN_MASK: u64 = (1 << 30) - 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Page {
     Free,
-    Reserved { slot: u32, generation: u32 },
-    Committed { slot: u32 },
+    Reserved {
+        slot: u32,
+        generation: u32,
+    },
+    Committed {
+        slot: u32,
+    },
     /// Taken back from a writer or reader that may still be using it; free again later.
-    Quarantined { generation: u32 },
+    Quarantined {
+        generation: u32,
+    },
 }
 
 impl PageState {
@@ -234,8 +241,11 @@ impl Pool {
     /// Checks the pool's own bookkeeping; O(pool).
     pub(crate) fn check(&self) -> Result<(), alloc::string::String> {
         use alloc::format;
-        let mut counts =
-            PageCounts { free: self.num_pages - self.table.len() as u32, leased: self.counts.leased, ..PageCounts::default() };
+        let mut counts = PageCounts {
+            free: self.num_pages - self.table.len() as u32,
+            leased: self.counts.leased,
+            ..PageCounts::default()
+        };
         for s in &self.table {
             match s.get() {
                 Page::Free => counts.free += 1,
@@ -251,7 +261,10 @@ impl Pool {
             return Err(format!("{} leased pages but only {} committed", counts.leased, counts.committed));
         }
         if counts.free + counts.reserved + counts.committed + counts.quarantined != self.num_pages {
-            return Err(format!("free + reserved + committed + quarantined != num_pages ({counts:?}, {})", self.num_pages));
+            return Err(format!(
+                "free + reserved + committed + quarantined != num_pages ({counts:?}, {})",
+                self.num_pages
+            ));
         }
         let mut seen = alloc::collections::BTreeSet::new();
         for &p in &self.returned {

@@ -130,8 +130,13 @@ fn is_complete(world: u32, pages: usize) -> bool {
     world > 0 && pages == world as usize
 }
 
+/// How many ranks must hold a key for it to be complete: vLLM's TP world (`--world-size`, or
+/// the initialized ranks); an SGLang space has one rank.
 fn world_count(settings: &Settings, sp: &SpaceState) -> u32 {
-    settings.world_size.unwrap_or(sp.ranks.len() as u32)
+    match sp.order {
+        PoolOrder::Fifo => settings.world_size.unwrap_or(sp.ranks.len() as u32),
+        PoolOrder::Lifo => sp.ranks.len() as u32,
+    }
 }
 
 impl SpaceState {
@@ -139,6 +144,7 @@ impl SpaceState {
         SpaceState {
             order: match space {
                 Space::Vllm => PoolOrder::Fifo,
+                Space::Sglang { .. } => PoolOrder::Lifo,
             },
             ranks: BTreeMap::new(),
             keys: KeyTable::new(seed),
@@ -284,8 +290,7 @@ impl SpaceState {
         if e.lease_until > now {
             return false;
         }
-        is_complete(world, e.pages.len())
-            || now / 1000 > u64::from(e.since_s) + settings.reservation_ttl.div_ceil(1000)
+        is_complete(world, e.pages.len()) || now / 1000 > u64::from(e.since_s) + settings.reservation_ttl.div_ceil(1000)
     }
 
     /// Evicts least-recently-used keys with a page on `rank` until `need` pages are free and
@@ -338,7 +343,7 @@ impl Core {
         match cmd {
             Command::Configure(s) => {
                 if let Some(world_size) = s.world_size {
-                    let outside = self.spaces.values().filter_map(|sp| sp.ranks.keys().next_back()).max();
+                    let outside = self.spaces.get(&Space::Vllm).and_then(|sp| sp.ranks.keys().next_back());
                     if let Some(&rank) = outside.filter(|&&r| r >= world_size) {
                         return Err(Error::RankOutsideWorld { rank, world_size });
                     }
@@ -357,11 +362,24 @@ impl Core {
             Command::Confirm { space, rank, confirmations, releases } => {
                 self.confirm(now, space, *rank, confirmations, releases)
             }
-            Command::Exists { space, keys } => Ok(Reply::Exists(self.exists(space, keys))),
+            Command::Exists { space, keys } => self.exists(space, keys).map(Reply::Exists),
             Command::Locations { space, rank, keys } => self.locations(now, space, *rank, keys),
-            Command::Delete { space, keys } => Ok(Reply::Deleted(self.delete(now, space, keys))),
-            Command::Inspect { space, key } => Ok(Reply::Key(self.inspect(now, space, key).map(alloc::boxed::Box::new))),
+            Command::Delete { space, keys } => self.delete(now, space, keys).map(Reply::Deleted),
+            Command::Inspect { space, key } => {
+                Ok(Reply::Key(self.inspect(now, space, key).map(alloc::boxed::Box::new)))
+            }
             Command::Clear { space } => Ok(self.clear(space)),
+            Command::Reset { space } => {
+                let Some(old) = self.spaces.remove(space) else {
+                    return Err(missing_space(space));
+                };
+                let mut sp = SpaceState::new(space, self.seed);
+                for (&rank, pool) in &old.ranks {
+                    sp.ranks.insert(rank, Pool::new(pool.num_pages(), old.order));
+                }
+                self.spaces.insert(space.clone(), sp);
+                Ok(Reply::Cleared { ranks: 0, keys: old.keys.len() as u64 })
+            }
             Command::Stats => {
                 let settings = self.settings;
                 for sp in self.spaces.values_mut() {
@@ -383,6 +401,7 @@ impl Core {
             return Err(Error::ZeroPages { rank });
         }
         if let Some(world_size) = self.settings.world_size
+            && *space == Space::Vllm
             && rank >= world_size
         {
             return Err(Error::RankOutsideWorld { rank, world_size });
@@ -463,12 +482,15 @@ impl Core {
             }
         }
 
-        let SpaceState { ranks, keys: table, reservations, next_generation, counters, .. } = sp;
+        let SpaceState { ranks, keys: table, reservations, next_generation, counters, order, .. } = sp;
         let pool = ranks.get_mut(&rank).expect("rank exists");
         let free = pool.counts().free as usize;
-        // The peer takes one page per key, then returns the pages of cache hits to the back of
-        // the free list, in key order; that rotation is kept while the pool covers the batch.
-        let rotate = free >= distinct.len();
+        // SGLang's server serves each new key while a page is free, and leaves hits alone.
+        let per_key = *order == PoolOrder::Lifo;
+        // vLLM's server is all or nothing: it takes one page per key, then returns the pages of
+        // cache hits to the back of the free list, in key order; that rotation is kept while
+        // the pool covers the batch.
+        let rotate = !per_key && free >= distinct.len();
         let serve_fresh = rotate || (settings.eviction == Eviction::Lru && free >= fresh as usize);
         let mut reserve = |table: &mut KeyTable, pool: &mut Pool, index: u32, page: u32| {
             let slot = table.find_or_insert(&keys[index as usize]);
@@ -476,7 +498,12 @@ impl Core {
             let generation = *next_generation;
             *next_generation += 1;
             pool.mark(page, PageState::reserved(slot, generation));
-            reservations.push(PageDeadline { at: now.saturating_add(settings.reservation_ttl), rank, page, generation });
+            reservations.push(PageDeadline {
+                at: now.saturating_add(settings.reservation_ttl),
+                rank,
+                page,
+                generation,
+            });
         };
         let mut out = Vec::with_capacity(distinct.len());
         if rotate {
@@ -496,7 +523,7 @@ impl Core {
             for (&index, hit) in distinct.iter().zip(&hits) {
                 let page = match *hit {
                     Some((_, existing)) => Some(existing),
-                    None if serve_fresh => {
+                    None if serve_fresh || (per_key && pool.counts().free > 0) => {
                         let page = pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages");
                         reserve(table, pool, index, page);
                         Some(page)
@@ -623,12 +650,19 @@ impl Core {
         Ok(Reply::Confirmed(report))
     }
 
-    fn exists(&self, space: &Space, keys: &[Key]) -> Vec<bool> {
+    fn exists(&self, space: &Space, keys: &[Key]) -> Result<Vec<bool>, Error> {
         let Some(sp) = self.spaces.get(space) else {
-            return alloc::vec![false; keys.len()];
+            // vLLM's lookup names no rank: before any rank exists, nothing exists.
+            return match space {
+                Space::Vllm => Ok(alloc::vec![false; keys.len()]),
+                Space::Sglang { .. } => Err(missing_space(space)),
+            };
         };
         let world = world_count(&self.settings, sp);
-        keys.iter().map(|k| sp.keys.find(k).is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len()))).collect()
+        Ok(keys
+            .iter()
+            .map(|k| sp.keys.find(k).is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len())))
+            .collect())
     }
 
     fn locations(&mut self, now: Millis, space: &Space, rank: u32, keys: &[Key]) -> Result<Reply, Error> {
@@ -661,8 +695,13 @@ impl Core {
         Ok(Reply::Locations(pages))
     }
 
-    fn delete(&mut self, now: Millis, space: &Space, keys: &[Key]) -> u32 {
-        let Some(sp) = self.space_mut(space, now) else { return 0 };
+    fn delete(&mut self, now: Millis, space: &Space, keys: &[Key]) -> Result<u32, Error> {
+        let Some(sp) = self.space_mut(space, now) else {
+            return match space {
+                Space::Vllm => Ok(0),
+                Space::Sglang { .. } => Err(missing_space(space)),
+            };
+        };
         let mut deleted = 0;
         for &i in &distinct_indices(sp.keys.hasher(), keys) {
             let Some(slot) = sp.keys.find(&keys[i as usize]) else { continue };
@@ -672,7 +711,7 @@ impl Core {
             }
         }
         sp.counters.deleted += u64::from(deleted);
-        deleted
+        Ok(deleted)
     }
 
     fn inspect(&self, now: Millis, space: &Space, key: &Key) -> Option<KeyInfo> {
@@ -745,7 +784,8 @@ impl Core {
                     .collect::<alloc::collections::BTreeSet<_>>()
             };
             let (reservations, expired, held) = (queued(&sp.reservations), queued(&sp.expired), queued(&sp.held));
-            let leases: alloc::collections::BTreeSet<(u32, Millis)> = sp.leases.0.iter().map(|l| (l.slot, l.at)).collect();
+            let leases: alloc::collections::BTreeSet<(u32, Millis)> =
+                sp.leases.0.iter().map(|l| (l.slot, l.at)).collect();
             let pending = |q: &alloc::collections::BTreeSet<(u32, u32, u32)>, rank: u32, page: u32, generation: u32| {
                 q.contains(&(rank, page, generation))
             };
@@ -774,8 +814,7 @@ impl Core {
                             }
                         }
                         Page::Quarantined { generation } => {
-                            if !pending(&expired, rank, page, generation) && !pending(&held, rank, page, generation)
-                            {
+                            if !pending(&expired, rank, page, generation) && !pending(&held, rank, page, generation) {
                                 return Err(format!("{space:?} rank {rank} page {page} is quarantined with no end"));
                             }
                         }
@@ -824,6 +863,14 @@ impl Core {
     }
 }
 
+/// The refusal for a command on a space that does not exist.
+fn missing_space(space: &Space) -> Error {
+    match space {
+        Space::Vllm => Error::RankNotInitialized { rank: 0 },
+        Space::Sglang { rank, .. } => Error::RankNotInitialized { rank: *rank },
+    }
+}
+
 /// Indices of the first occurrence of each distinct key, in order; O(batch).
 fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<u32> {
     let mut seen: HashTable<u32> = HashTable::with_capacity(keys.len());
@@ -850,10 +897,7 @@ mod tests {
             core.apply(0, &Command::Initialize { space: Space::Vllm, rank, num_pages: 4 }).unwrap();
         }
         let small = Settings { world_size: Some(2), ..Settings::default() };
-        assert_eq!(
-            core.apply(0, &Command::Configure(small)),
-            Err(Error::RankOutsideWorld { rank: 2, world_size: 2 })
-        );
+        assert_eq!(core.apply(0, &Command::Configure(small)), Err(Error::RankOutsideWorld { rank: 2, world_size: 2 }));
         assert_eq!(core.settings(), Settings::default());
         let fits = Settings { world_size: Some(3), ..Settings::default() };
         assert_eq!(core.apply(0, &Command::Configure(fits)), Ok(Reply::Configured));

@@ -112,7 +112,9 @@ fn deadlines_out(q: &Deadlines<PageDeadline>) -> Vec<DeadlineImage> {
 
 fn deadlines_in(v: Vec<DeadlineImage>) -> Deadlines<PageDeadline> {
     Deadlines(
-        v.into_iter().map(|d| PageDeadline { at: d.at, rank: d.rank, page: d.page, generation: d.generation }).collect(),
+        v.into_iter()
+            .map(|d| PageDeadline { at: d.at, rank: d.rank, page: d.page, generation: d.generation })
+            .collect(),
     )
 }
 
