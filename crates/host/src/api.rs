@@ -25,6 +25,10 @@ pub enum ErrorCode {
     NothingConfirmed,
     /// `/keys/delete` with a malformed body.
     DeleteRequestInvalid,
+    /// An SGLang route (`/{rank}/{op}`) with a malformed body.
+    SglangRequestInvalid,
+    /// An SGLang route for a `rank:namespace` nobody initialized.
+    SglangRankNotInitialized,
     /// `/admin/keys/{key}` with a key that is not valid.
     KeyInvalid,
     /// `/admin/keys/{key}` for a key that is not stored.
@@ -47,7 +51,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -56,6 +60,8 @@ impl ErrorCode {
         ErrorCode::RankOutsideWorld,
         ErrorCode::NothingConfirmed,
         ErrorCode::DeleteRequestInvalid,
+        ErrorCode::SglangRequestInvalid,
+        ErrorCode::SglangRankNotInitialized,
         ErrorCode::KeyInvalid,
         ErrorCode::KeyNotFound,
         ErrorCode::RouteNotFound,
@@ -75,9 +81,13 @@ impl ErrorCode {
             | ErrorCode::ConfirmRequestInvalid
             | ErrorCode::ExistsRequestInvalid
             | ErrorCode::DeleteRequestInvalid
+            | ErrorCode::SglangRequestInvalid
             | ErrorCode::KeyInvalid
             | ErrorCode::BodyUnreadable => StatusCode::BAD_REQUEST,
-            ErrorCode::RankNotInitialized | ErrorCode::RouteNotFound | ErrorCode::KeyNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::RankNotInitialized
+            | ErrorCode::SglangRankNotInitialized
+            | ErrorCode::RouteNotFound
+            | ErrorCode::KeyNotFound => StatusCode::NOT_FOUND,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::RankOutsideWorld | ErrorCode::NothingConfirmed => StatusCode::CONFLICT,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,6 +108,10 @@ impl ErrorCode {
             ErrorCode::RankOutsideWorld => "Rank {rank} is outside the TP world of {n} ranks (--world-size)",
             ErrorCode::NothingConfirmed => "No confirmation matched a reservation; nothing was applied",
             ErrorCode::DeleteRequestInvalid => "Invalid delete request: need 'keys'",
+            ErrorCode::SglangRequestInvalid => "Invalid {op} request",
+            ErrorCode::SglangRankNotInitialized => {
+                "Rank {rank} namespace '{namespace}' not initialized. Please call /{rank}/initialize first."
+            }
             ErrorCode::KeyInvalid => "Invalid key",
             ErrorCode::KeyNotFound => "Key not stored",
             ErrorCode::BodyUnreadable => "Request body could not be read",
@@ -121,6 +135,8 @@ impl ErrorCode {
             ErrorCode::RankOutsideWorld => "rank-outside-world",
             ErrorCode::NothingConfirmed => "nothing-confirmed",
             ErrorCode::DeleteRequestInvalid => "delete-request-invalid",
+            ErrorCode::SglangRequestInvalid => "sglang-request-invalid",
+            ErrorCode::SglangRankNotInitialized => "sglang-rank-not-initialized",
             ErrorCode::KeyInvalid => "key-invalid",
             ErrorCode::KeyNotFound => "key-not-found",
             ErrorCode::BodyUnreadable => "body-unreadable",
@@ -224,15 +240,17 @@ mod tests {
             ErrorCode::RankOutsideWorld => 5,
             ErrorCode::NothingConfirmed => 6,
             ErrorCode::DeleteRequestInvalid => 7,
-            ErrorCode::KeyInvalid => 8,
-            ErrorCode::KeyNotFound => 9,
-            ErrorCode::RouteNotFound => 10,
-            ErrorCode::MethodNotAllowed => 11,
-            ErrorCode::BodyTooLarge => 12,
-            ErrorCode::BodyUnreadable => 13,
-            ErrorCode::BodyTimeout => 14,
-            ErrorCode::Timeout => 15,
-            ErrorCode::EngineFault => 16,
+            ErrorCode::SglangRequestInvalid => 8,
+            ErrorCode::SglangRankNotInitialized => 9,
+            ErrorCode::KeyInvalid => 10,
+            ErrorCode::KeyNotFound => 11,
+            ErrorCode::RouteNotFound => 12,
+            ErrorCode::MethodNotAllowed => 13,
+            ErrorCode::BodyTooLarge => 14,
+            ErrorCode::BodyUnreadable => 15,
+            ErrorCode::BodyTimeout => 16,
+            ErrorCode::Timeout => 17,
+            ErrorCode::EngineFault => 18,
         }
     }
 

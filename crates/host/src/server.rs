@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::api::{ApiError, ErrorCode};
 use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
-use crate::routes::{admin, vllm};
+use crate::routes::{admin, sglang, vllm};
 
 /// Everything `kvpages serve` needs to know.
 #[derive(Clone, Debug)]
@@ -146,6 +146,8 @@ pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, St
         .route("/health", get(admin::health))
         .route("/stats", get(admin::stats))
         .route("/admin/keys/{key}", get(admin::inspect))
+        // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
+        .route("/{rank}/{op}", post(sglang::route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(guard))

@@ -11,9 +11,11 @@ use super::{Ctx, KeyText, fault, handle_async, unexpected};
 use crate::api::{ApiError, ErrorCode, json_ok};
 use crate::server::App;
 
-fn space_name(space: &Space) -> &'static str {
+/// How `/stats` names a space: the family, and for SGLang the rank and namespace.
+fn space_name(space: &Space) -> (&'static str, Option<u32>, Option<&str>) {
     match space {
-        Space::Vllm => "vllm",
+        Space::Vllm => ("vllm", None, None),
+        Space::Sglang { rank, namespace } => ("sglang", Some(*rank), Some(namespace)),
     }
 }
 
@@ -98,8 +100,12 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
         quarantined: u32,
     }
     #[derive(Serialize)]
-    struct SpaceOut {
+    struct SpaceOut<'a> {
         space: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rank: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
         keys: u64,
         pending_keys: u64,
         world_size: u32,
@@ -107,11 +113,11 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
         counters: Counters,
     }
     #[derive(Serialize)]
-    struct StatsOut {
+    struct StatsOut<'a> {
         engine: String,
         uptime_seconds: f64,
         settings: SettingsOut,
-        spaces: Vec<SpaceOut>,
+        spaces: Vec<SpaceOut<'a>>,
     }
     let stats = match stats_now(&app).await {
         Ok(s) => s,
@@ -138,7 +144,9 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
             .spaces
             .iter()
             .map(|s| SpaceOut {
-                space: space_name(&s.space),
+                space: space_name(&s.space).0,
+                rank: space_name(&s.space).1,
+                namespace: space_name(&s.space).2,
                 keys: s.keys,
                 pending_keys: s.pending_keys,
                 world_size: s.world_size,

@@ -6,7 +6,7 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use kvpages_core::{Command, Key, Reply};
+use kvpages_core::{Command, Key, Refusal, Refused, Reply};
 use serde::Serialize;
 
 use crate::api::{ApiError, ErrorCode};
@@ -14,6 +14,7 @@ use crate::engine::EngineError;
 use crate::server::App;
 
 pub(crate) mod admin;
+pub(crate) mod sglang;
 pub(crate) mod vllm;
 
 /// How many bytes of a rejected body the warning shows.
@@ -102,4 +103,26 @@ impl Serialize for KeyText<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self.0)
     }
+}
+
+/// 409: every confirmation of a request was refused; `field` is the request's member name.
+pub(crate) fn nothing_confirmed(refused: &[Refused], field: &str, confirmations: &[(Key, u32)]) -> ApiError {
+    const SHOWN: usize = 16;
+    let mut parts: Vec<String> = refused
+        .iter()
+        .take(SHOWN)
+        .map(|r| {
+            let key = confirmations.get(r.index as usize).map(|c| c.0.to_string()).unwrap_or_default();
+            let why = match r.reason {
+                Refusal::NotReserved => "page is not reserved (never allocated, released, or expired)",
+                Refusal::ReservedForAnotherKey => "page is reserved for another key",
+                Refusal::CommittedToAnotherKey => "page holds another key",
+            };
+            format!("{field}[{}] [{key:?}, {}]: {why}", r.index, r.page)
+        })
+        .collect();
+    if refused.len() > SHOWN {
+        parts.push(format!("and {} more", refused.len() - SHOWN));
+    }
+    ApiError::because(ErrorCode::NothingConfirmed, parts.join("; "))
 }

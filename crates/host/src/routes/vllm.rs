@@ -5,7 +5,7 @@
 
 use axum::extract::{Request, State};
 use axum::response::Response;
-use kvpages_core::{Command, Error, InitOutcome, Key, Refusal, Reply, Space};
+use kvpages_core::{Command, Error, InitOutcome, Key, Reply, Space};
 use serde::Serialize;
 use serde::de::{self, MapAccess};
 use serde::ser::{SerializeSeq, SerializeStruct};
@@ -31,26 +31,7 @@ fn refused(malformed: ErrorCode, e: EngineError, confirmations: &[(Key, u32)]) -
             ApiError::filled(ErrorCode::RankOutsideWorld, &[("rank", &rank), ("n", &world_size)])
         }
         e @ Error::PageOutOfRange { .. } => ApiError::because(malformed, e),
-        Error::NothingConfirmed { refused } => {
-            const SHOWN: usize = 16;
-            let mut parts: Vec<String> = refused
-                .iter()
-                .take(SHOWN)
-                .map(|r| {
-                    let key = confirmations.get(r.index as usize).map(|c| c.0.to_string()).unwrap_or_default();
-                    let why = match r.reason {
-                        Refusal::NotReserved => "page is not reserved (never allocated, released, or expired)",
-                        Refusal::ReservedForAnotherKey => "page is reserved for another key",
-                        Refusal::CommittedToAnotherKey => "page holds another key",
-                    };
-                    format!("confirmations[{}] [{key:?}, {}]: {why}", r.index, r.page)
-                })
-                .collect();
-            if refused.len() > SHOWN {
-                parts.push(format!("and {} more", refused.len() - SHOWN));
-            }
-            ApiError::because(ErrorCode::NothingConfirmed, parts.join("; "))
-        }
+        Error::NothingConfirmed { refused } => super::nothing_confirmed(&refused, "confirmations", confirmations),
     }
 }
 
