@@ -165,12 +165,22 @@ pub enum Command {
     },
     /// Counts of everything (a pure read).
     Stats,
+    /// Load SGLang pools as SGLang's own server persists them, all or nothing. Refused while
+    /// SGLang pools exist, unless `replace` (which drops them first). The vLLM space is untouched.
+    ImportSglang {
+        /// The pools.
+        pools: Vec<SglangPool>,
+        /// Drop the SGLang pools kvpages holds first.
+        replace: bool,
+    },
+    /// Every SGLang pool in the format of [`Command::ImportSglang`] (a pure read).
+    ExportSglang,
 }
 
 impl Command {
     /// Whether applying this command can change the state (what a command log must record).
     pub fn is_mutating(&self) -> bool {
-        !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats)
+        !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats | Command::ExportSglang)
     }
 }
 
@@ -372,6 +382,33 @@ pub enum Reply {
     Key(Option<Box<KeyInfo>>),
     /// Figures.
     Stats(Box<Stats>),
+    /// What an import loaded.
+    Imported {
+        /// Pools created.
+        pools: u32,
+        /// Keys loaded.
+        keys: u64,
+        /// Pages in neither list of the file (the peer's leaks), made free.
+        leaked_pages: u64,
+    },
+    /// The SGLang pools.
+    SglangPools(Vec<SglangPool>),
+}
+
+/// One SGLang `rank:namespace` pool as SGLang's server persists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SglangPool {
+    /// The rank.
+    pub rank: u32,
+    /// The namespace.
+    pub namespace: Box<str>,
+    /// Pages in the pool.
+    pub num_pages: u32,
+    /// Free pages in stack order: the last is handed out first.
+    pub free_pages: Vec<u32>,
+    /// Keys and their pages, least recently used first.
+    pub keys: Vec<(Key, u32)>,
 }
 
 /// Everything known about one key.

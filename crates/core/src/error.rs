@@ -47,6 +47,11 @@ pub enum Error {
         /// Where it appeared.
         place: PagePlace,
     },
+    /// An SGLang import was refused; nothing was loaded.
+    ImportRefused {
+        /// What is wrong, naming the pool and the field.
+        reason: alloc::string::String,
+    },
     /// Every confirmation of the request was refused; nothing was applied (releases neither).
     NothingConfirmed {
         /// Each pair and why.
@@ -69,6 +74,7 @@ impl fmt::Display for Error {
                 };
                 write!(f, "{name}[{i}]: page {page} is out of range, rank {rank} has {num_pages} pages")
             }
+            Error::ImportRefused { reason } => write!(f, "import refused: {reason}"),
             Error::NothingConfirmed { refused } => {
                 write!(f, "none of the {} confirmations matched a reservation", refused.len())
             }

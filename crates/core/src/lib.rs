@@ -31,7 +31,7 @@ mod state;
 
 pub use command::{
     Allocation, Command, ConfirmReport, Counters, Eviction, IgnoredRelease, InitOutcome, KeyInfo, Millis, RankStats,
-    Refusal, Refused, Reply, Settings, Space, SpaceStats, Stats,
+    Refusal, Refused, Reply, Settings, SglangPool, Space, SpaceStats, Stats,
 };
 pub use error::{Error, PagePlace};
 pub use key::{Key, KeyError, MAX_KEY_LEN};

@@ -125,6 +125,36 @@ impl Pool {
         }
     }
 
+    /// A pool in a given state: `committed` pages held by key slots, `free_stack` free pages in
+    /// hand-out order reversed (the last is handed out first, as SGLang persists it); every other
+    /// page is free too and goes out after those. The caller has checked the pages are distinct
+    /// and in range. O(num_pages).
+    pub(crate) fn imported(num_pages: u32, order: PoolOrder, committed: &[(u32, u32)], free_stack: &[u32]) -> Pool {
+        let mut pool = Pool::new(num_pages, order);
+        pool.table = alloc::vec![PageState::FREE; num_pages as usize];
+        let mut listed = alloc::vec![false; num_pages as usize];
+        for &(page, slot) in committed {
+            let i = pool.index(page);
+            pool.table[i] = PageState::committed(slot);
+            listed[page as usize] = true;
+        }
+        for &p in free_stack {
+            listed[p as usize] = true;
+        }
+        // Unlisted pages (the peer's leaks) at the bottom of the stack / the back of the queue.
+        let leaked = (0..num_pages).filter(|&p| !listed[p as usize]);
+        pool.returned = match order {
+            PoolOrder::Lifo => leaked.chain(free_stack.iter().copied()).collect(),
+            PoolOrder::Fifo => free_stack.iter().rev().copied().chain(leaked).collect(),
+        };
+        pool.counts = PageCounts {
+            free: num_pages - committed.len() as u32,
+            committed: committed.len() as u32,
+            ..PageCounts::default()
+        };
+        pool
+    }
+
     pub(crate) fn num_pages(&self) -> u32 {
         self.num_pages
     }

@@ -153,3 +153,83 @@ fn with_lru_eviction_a_full_pool_keeps_learning_and_hits_survive_their_batch() {
         Ok(Reply::Exists(vec![true, false]))
     );
 }
+
+fn pool(rank: u32, ns: &str, n: u32, free: &[u32], keys: &[(&str, u32)]) -> kvpages_core::SglangPool {
+    kvpages_core::SglangPool {
+        rank,
+        namespace: ns.into(),
+        num_pages: n,
+        free_pages: free.to_vec(),
+        keys: keys.iter().map(|(k, p)| (key(k), *p)).collect(),
+    }
+}
+
+#[test]
+fn an_import_continues_exactly_where_the_peer_stopped() {
+    let mut c = peer();
+    // The notes' example: {"0:kv": {"num_pages": 3, "free_pages": [0], "key_to_index": [["a", 2]]}}
+    // — page 1 is in neither list (the peer leaked it).
+    let pools = vec![pool(0, "kv", 3, &[0], &[("a", 2)])];
+    assert_eq!(
+        c.apply(0, &Command::ImportSglang { pools, replace: false }),
+        Ok(Reply::Imported { pools: 1, keys: 1, leaked_pages: 1 })
+    );
+    c.check_invariants().unwrap();
+    let s = space(0, "kv");
+    // The peer would pop 0 next; the leaked page 1 comes after it.
+    assert_eq!(reserve(&mut c, &s, &["a", "b", "c"]), vec![(true, Some(2)), (false, Some(0)), (false, Some(1))]);
+}
+
+#[test]
+fn export_gives_the_peers_format_back() {
+    let mut c = peer();
+    let s = space(2, "mamba");
+    init(&mut c, &s, 4);
+    reserve(&mut c, &s, &["a", "b"]);
+    confirm(&mut c, &s, &[("a", 3), ("b", 2)], &[]);
+    // get_page_indices makes "a" the most recently used.
+    c.apply(0, &Command::Locations { space: s.clone(), rank: 2, keys: vec![key("a")] }).unwrap();
+    let Ok(Reply::SglangPools(pools)) = c.apply(0, &Command::ExportSglang) else { panic!() };
+    assert_eq!(pools, vec![pool(2, "mamba", 4, &[0, 1], &[("b", 2), ("a", 3)])]);
+    // And back: the same state.
+    let mut d = peer();
+    d.apply(0, &Command::ImportSglang { pools: pools.clone(), replace: false }).unwrap();
+    let Ok(Reply::SglangPools(again)) = d.apply(0, &Command::ExportSglang) else { panic!() };
+    assert_eq!(again, pools);
+}
+
+#[test]
+fn a_bad_import_is_refused_whole_with_the_place_named() {
+    let mut c = peer();
+    let refused = |c: &mut Core, pools, replace| match c.apply(0, &Command::ImportSglang { pools, replace }) {
+        Err(Error::ImportRefused { reason }) => reason,
+        other => panic!("{other:?}"),
+    };
+    let good = pool(0, "kv", 3, &[0], &[("a", 2)]);
+    assert_eq!(
+        refused(&mut c, vec![good.clone(), pool(1, "kv", 3, &[0, 0], &[])], false),
+        "\"1:kv\".free_pages[1]: page 0 is listed twice (also free_pages[0])"
+    );
+    assert_eq!(
+        refused(&mut c, vec![pool(0, "kv", 3, &[1], &[("a", 1)])], false),
+        "\"0:kv\".key_to_index[0]: page 1 is listed twice (also free_pages[0])"
+    );
+    assert_eq!(
+        refused(&mut c, vec![pool(0, "kv", 3, &[3], &[])], false),
+        "\"0:kv\".free_pages[0]: page 3 is out of range (the pool has 3 pages)"
+    );
+    assert_eq!(
+        refused(&mut c, vec![pool(0, "kv", 3, &[], &[("a", 1), ("a", 2)])], false),
+        "\"0:kv\".key_to_index[1]: key \"a\" is listed twice (also [0])"
+    );
+    assert_eq!(refused(&mut c, vec![good.clone(), good.clone()], false), "pool \"0:kv\" appears twice");
+    // Nothing was loaded by the refused imports.
+    assert!(c.stats().spaces.is_empty());
+    c.apply(0, &Command::ImportSglang { pools: vec![good.clone()], replace: false }).unwrap();
+    assert_eq!(
+        refused(&mut c, vec![good.clone()], false),
+        "kvpages already holds 1 SGLang pools (import with replace to drop them)"
+    );
+    assert!(c.apply(0, &Command::ImportSglang { pools: vec![pool(5, "kv", 2, &[], &[])], replace: true }).is_ok());
+    assert_eq!(c.stats().spaces.len(), 1);
+}
