@@ -65,7 +65,9 @@ def _start(binary: Path, log_file):
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = _free_port()
         proc = subprocess.Popen(
-            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--log", "warn"],
+            # --eviction off: exactly vLLM's server's behaviour (a full pool answers -1), which
+            # these tests compare against page by page.
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--log", "warn", "--eviction", "off"],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
