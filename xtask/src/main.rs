@@ -4,6 +4,7 @@
 //!   Rust target), builds the workspace, runs every Rust and Python test, proves `kvpages-core`
 //!   builds without std, and fails if any step fails or no test ran.
 //! - `cargo xtask serve [FLAGS]`: builds the release binary and runs `kvpages serve FLAGS`.
+//! - `cargo xtask bench [--quick | --report-only]`: the performance report in `docs/bench/` (see `bench.rs`).
 //!
 //! Every step prints what it runs. Set `KVPAGES_NOSTD_ROUTE=debian` to force the fallback
 //! route for the no_std build (Debian's rustc-web with `-Zbuild-std`), as a fresh machine
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+mod bench;
+
 type Result<T> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
@@ -21,8 +24,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("serve") => serve(&args[1..]),
+        Some("bench") => bench::bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask test | cargo xtask serve [kvpages serve flags]");
+            eprintln!(
+                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -226,6 +232,8 @@ fn test() -> Result<()> {
     ]))?;
     let (py_passed, py_failed) = count_pytest(&lines);
 
+    bench_smoke(&bin)?;
+
     let (passed, failed) = (rust_passed + py_passed, rust_failed + py_failed);
     println!("\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, in {:.0?}", start.elapsed());
     println!("{passed} passed, {failed} failed");
@@ -236,6 +244,17 @@ fn test() -> Result<()> {
         return Err(format!("{failed} tests failed"));
     }
     Ok(())
+}
+
+/// Keeps the benchmarks from rotting: every load workload for a moment against the debug
+/// binary, and every criterion benchmark once (`--test`). No thresholds: numbers from a debug
+/// build on a shared machine mean nothing; that they run, answer correctly and finish does.
+fn bench_smoke(bin: &Path) -> Result<()> {
+    step("bench smoke: every load workload briefly, every criterion benchmark once (no thresholds)");
+    run(Command::new(bin)
+        .args(["bench", "--duration", "0.1", "--warmup", "0", "--concurrency", "2", "--json"])
+        .arg(bench::smoke_json()))?;
+    run(cargo().args(["bench", "-p", "kvpages-core", "--bench", "core", "--", "--test"]))
 }
 
 fn serve(args: &[String]) -> Result<()> {

@@ -33,7 +33,6 @@ fn keys(range: std::ops::Range<u64>) -> Vec<Key> {
 struct Fixture {
     core: Core,
     now: u64,
-    pages: u32,
     stored: u32,
     next_key: u64,
 }
@@ -43,7 +42,7 @@ impl Fixture {
         let mut core = Core::new(7, Settings::default());
         core.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: pages }).expect("initialize");
         let stored = (pages / 2).min(MAX_STORED);
-        let mut f = Fixture { core, now: 1, pages, stored, next_key: u64::from(stored) };
+        let mut f = Fixture { core, now: 1, stored, next_key: u64::from(stored) };
         for start in (0..u64::from(stored)).step_by(128) {
             f.allocate_confirm(keys(start..(start + 128).min(u64::from(stored))));
         }
@@ -58,14 +57,16 @@ impl Fixture {
     fn allocate_confirm(&mut self, keys: Vec<Key>) {
         let now = self.tick();
         let space = Space::Vllm;
-        let Ok(Reply::Allocated(got)) = self.core.apply(now, &Command::Allocate { space: space.clone(), rank: 0, keys: keys.clone() })
+        let Ok(Reply::Allocated(got)) =
+            self.core.apply(now, &Command::Allocate { space: space.clone(), rank: 0, keys: keys.clone() })
         else {
             panic!("allocate failed")
         };
         let confirmations: Vec<(Key, u32)> =
             got.iter().map(|a| (keys[a.index as usize].clone(), a.page.expect("the pool never fills here"))).collect();
         let now = self.tick();
-        black_box(self.core.apply(now, &Command::Confirm { space, rank: 0, confirmations, releases: vec![] })).expect("confirm");
+        black_box(self.core.apply(now, &Command::Confirm { space, rank: 0, confirmations, releases: vec![] }))
+            .expect("confirm");
     }
 
     /// Fresh keys, half of them stored: a lookup with 50 % hits.
@@ -97,9 +98,8 @@ fn allocate_confirm(c: &mut Criterion) {
                 while left > 0 {
                     let chunk = left.min(room);
                     let first = f.next_key;
-                    let batches: Vec<Vec<Key>> = (0..chunk)
-                        .map(|i| keys(first + i * BATCH as u64..first + (i + 1) * BATCH as u64))
-                        .collect();
+                    let batches: Vec<Vec<Key>> =
+                        (0..chunk).map(|i| keys(first + i * BATCH as u64..first + (i + 1) * BATCH as u64)).collect();
                     f.next_key += chunk * BATCH as u64;
                     let start = Instant::now();
                     for batch in batches {
@@ -214,7 +214,10 @@ fn initialize(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(30)
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
 }
 
 criterion_group! { name = benches; config = config(); targets = allocate_confirm, exists, locations, initialize }

@@ -43,6 +43,7 @@ use self::workload::{Fixture, KeyGen, Mode, Run, Tally, Worker};
 use crate::api::{json_bytes, no_content};
 use crate::client::{Client, loopback_addr};
 use crate::server::{self, App, ServeConfig};
+use kvpages_core::{Eviction, Settings};
 
 /// The floor route: registered only when [`ServeConfig::bench_floor`] is set.
 pub const FLOOR_PATH: &str = "/bench/floor";
@@ -88,7 +89,7 @@ pub struct BenchArgs {
     /// Concurrent connections (comma-separated list: one measurement each).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub concurrency: Vec<usize>,
-    /// Seconds each measurement runs (after its warm-up).
+    /// Seconds each run of a measurement lasts (after its warm-up).
     #[arg(long, default_value = "3", value_parser = crate::cli::parse_seconds)]
     pub duration: Duration,
     /// Seconds each --peer measurement runs (default: --duration).
@@ -97,7 +98,14 @@ pub struct BenchArgs {
     /// Warm-up seconds before each measurement (not counted; 0 for none).
     #[arg(long, default_value = "0.5", value_parser = parse_warmup)]
     pub warmup: Duration,
-    /// Stop each measurement after this many requests, if the duration has not ended it first.
+    /// Runs of each measurement; kvpages, floor and peer alternate run by run, and the runs
+    /// are pooled (requests and seconds add up, latency samples merge).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Runs of each --peer measurement (default: --repeat).
+    #[arg(long)]
+    pub peer_repeat: Option<u32>,
+    /// Stop each run after this many requests, if the duration has not ended it first.
     #[arg(long)]
     pub requests: Option<u64>,
     /// Write the results as JSON to this file.
@@ -133,8 +141,17 @@ struct Target {
     durability: String,
     #[serde(skip)]
     addr: SocketAddr,
+    /// Where `pool-full` runs: the in-process server has a second instance with eviction off.
+    #[serde(skip)]
+    pool_full_addr: SocketAddr,
     #[serde(skip)]
     duration: Duration,
+}
+
+impl Target {
+    fn addr_for(&self, w: Workload) -> SocketAddr {
+        if w == Workload::PoolFull { self.pool_full_addr } else { self.addr }
+    }
 }
 
 /// Latency percentiles in microseconds.
@@ -190,6 +207,8 @@ struct Measurement {
     first_error: Option<String>,
     requests_per_s: f64,
     keys_per_s: f64,
+    /// requests/s of each run alone.
+    runs_requests_per_s: Vec<f64>,
     /// Every request of the workload, all steps together.
     latency: Latency,
     steps: Vec<StepResult>,
@@ -208,6 +227,8 @@ struct Ratio {
     vs_peer: Option<f64>,
     /// kvpages p50 ÷ floor p50.
     p50_vs_floor: Option<f64>,
+    /// `vs_floor` of each run alone (how much the machine's noise moves it).
+    runs_vs_floor: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -248,12 +269,14 @@ struct Report<'a> {
     ratios: &'a [Ratio],
 }
 
-/// The in-process server: its own runtime, so that the generator's tasks never share a worker
-/// thread's queue with it.
+/// The in-process servers, on a runtime of their own so that the generator's tasks never share
+/// a worker thread's queue with them: the default configuration, and one with eviction off for
+/// `pool-full` (a full pool answers -1 there, as vLLM's server does; by default it would evict).
 struct InProcess {
     runtime: tokio::runtime::Runtime,
     addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pool_full_addr: SocketAddr,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
     engine: String,
 }
 
@@ -266,27 +289,33 @@ impl InProcess {
             .build()
             .map_err(|e| e.to_string())?;
         let config = ServeConfig { bench_floor: true, ..ServeConfig::default() };
-        let engine = config.engine.to_string();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let router = server::router(config.clone(), server::build_engine(&config, 0x6b76_7061_6765_7321))?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        runtime.spawn(async move {
-            if let Err(e) = server::run(listener, router, async move {
-                let _ = rx.await;
-            })
-            .await
-            {
-                tracing::error!("in-process server failed: {e}");
-            }
-        });
-        Ok(InProcess { runtime, addr, stop: Some(tx), engine })
+        let no_eviction =
+            ServeConfig { settings: Settings { eviction: Eviction::Off, ..config.settings }, ..config.clone() };
+        let mut stop = Vec::new();
+        let mut addrs = Vec::new();
+        for config in [config.clone(), no_eviction] {
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
+            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
+            let router = server::router(config.clone(), server::build_engine(&config, 0x6b76_7061_6765_7321))?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            stop.push(tx);
+            runtime.spawn(async move {
+                if let Err(e) = server::run(listener, router, async move {
+                    let _ = rx.await;
+                })
+                .await
+                {
+                    tracing::error!("in-process server failed: {e}");
+                }
+            });
+        }
+        Ok(InProcess { runtime, addr: addrs[0], pool_full_addr: addrs[1], stop, engine: config.engine.to_string() })
     }
 
-    fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
+    fn stop(self) {
+        for tx in self.stop {
             let _ = tx.send(());
         }
         self.runtime.shutdown_timeout(Duration::from_secs(2));
@@ -330,7 +359,7 @@ async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<
         (health.status == 200).then(|| serde_json::from_slice::<serde_json::Value>(&health.body).ok()).flatten();
     let engine = parsed.as_ref().and_then(|v| field(v, "engine")).unwrap_or_else(|| name.clone());
     let durability = parsed.as_ref().and_then(|v| field(v, "durability")).unwrap_or_else(|| "memory".into());
-    Ok(Target { name, engine, durability, addr, duration })
+    Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration })
 }
 
 async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
@@ -343,6 +372,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
             engine: server.engine.clone(),
             durability: "memory".into(),
             addr: server.addr,
+            pool_full_addr: server.pool_full_addr,
             duration: args.duration,
         },
     };
@@ -351,6 +381,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
         engine: "none".into(),
         durability: "none".into(),
         addr: server.addr,
+        pool_full_addr: server.pool_full_addr,
         duration: args.duration,
     };
     let peer = match &args.peer {
@@ -383,7 +414,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
     let mut failed = Vec::new();
     for &w in &workloads {
         let set_up = |t: &Target| {
-            let (addr, keys) = (t.addr, keys.clone());
+            let (addr, keys) = (t.addr_for(w), keys.clone());
             async move {
                 let mut c = Client::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
                 Fixture::set_up(&mut c, w, keys).await.map(Arc::new)
@@ -395,13 +426,38 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
             None => None,
         };
         for &c in &args.concurrency {
-            let real = measure(&primary, &fixture, Mode::Real, c, args).await?;
-            let replies = real.steps.iter().map(|s| format!("{FLOOR_PATH}?reply={}", s.mean_reply_bytes)).collect();
-            let base = measure(&floor, &fixture, Mode::Floor { replies }, c, args).await?;
-            let other = match (&peer, &peer_fixture) {
-                (Some(p), Some(f)) => Some(measure(p, f, Mode::Real, c, args).await?),
-                _ => None,
-            };
+            // kvpages, floor (and peer) alternate run by run, so that a burst of load from
+            // elsewhere on the machine hits both sides of a ratio alike.
+            let (mut real, mut base, mut other) = (Vec::new(), Vec::new(), Vec::new());
+            let mut floor_mode = None;
+            for rep in 0..args.repeat.max(1) {
+                let tag = |t: &Target| format!("{} {} c={c} run {}/{}", t.name, w.name(), rep + 1, args.repeat.max(1));
+                real.push(run_once(&primary, &fixture, &Mode::Real, c, args, &tag(&primary)).await?);
+                // The floor answers each step with the mean reply size its real route gave.
+                let mode = floor_mode.get_or_insert_with(|| {
+                    let raw = &real[0];
+                    let replies = (0..w.steps().len())
+                        .map(|i| {
+                            let n: usize = raw.tallies.iter().map(|t| t.samples[i].len()).sum();
+                            let bytes: u64 = raw.tallies.iter().map(|t| t.reply_bytes[i]).sum();
+                            format!("{FLOOR_PATH}?reply={}", bytes.checked_div(n as u64).unwrap_or(0))
+                        })
+                        .collect();
+                    Mode::Floor { replies }
+                });
+                base.push(run_once(&floor, &fixture, mode, c, args, &tag(&floor)).await?);
+                if let (Some(p), Some(f)) = (&peer, &peer_fixture)
+                    && rep < args.peer_repeat.unwrap_or(args.repeat).max(1)
+                {
+                    other.push(run_once(p, f, &Mode::Real, c, args, &tag(p)).await?);
+                }
+            }
+            let real = summarise(&primary, w, c, real);
+            let base = summarise(&floor, w, c, base);
+            let other = peer.as_ref().filter(|_| !other.is_empty()).map(|p| summarise(p, w, c, other));
+            for m in [Some(&real), Some(&base), other.as_ref()].into_iter().flatten() {
+                print_measurement(m);
+            }
             let div = |a: f64, b: f64| (b > 0.0 && a > 0.0).then_some(a / b);
             ratios.push(Ratio {
                 workload: w.name().into(),
@@ -409,6 +465,12 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                 vs_floor: div(real.requests_per_s, base.requests_per_s),
                 vs_peer: other.as_ref().and_then(|o| div(real.requests_per_s, o.requests_per_s)),
                 p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
+                runs_vs_floor: real
+                    .runs_requests_per_s
+                    .iter()
+                    .zip(&base.runs_requests_per_s)
+                    .filter_map(|(&a, &b)| div(a, b))
+                    .collect(),
             });
             for m in [Some(&real), Some(&base)].into_iter().chain([other.as_ref()]).flatten() {
                 if m.errors > 0 && m.target != args.peer_name {
@@ -458,21 +520,30 @@ fn seed() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(0x6b65_7973_u64)
 }
 
-/// One measurement: `concurrency` connections for the target's duration after the warm-up.
-async fn measure(
+/// What one run of a measurement collected.
+struct Raw {
+    tallies: Vec<Tally>,
+    seconds: f64,
+    resets: u64,
+    paused: Duration,
+}
+
+/// One run: `concurrency` connections for the target's duration after the warm-up.
+async fn run_once(
     target: &Target,
     fixture: &Arc<Fixture>,
-    mode: Mode,
+    mode: &Mode,
     concurrency: usize,
     args: &BenchArgs,
-) -> Result<Measurement, String> {
+    label: &str,
+) -> Result<Raw, String> {
     let workload = fixture.workload;
     let mut clients = Vec::with_capacity(concurrency);
+    let addr = target.addr_for(workload);
     for _ in 0..concurrency {
-        clients.push(Client::connect(target.addr).await.map_err(|e| format!("{}: {e}", target.addr))?);
+        clients.push(Client::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?);
     }
-    let start = Instant::now();
-    let measure_from = start + args.warmup;
+    let measure_from = Instant::now() + args.warmup;
     let run = Arc::new(Run {
         measure_from,
         deadline: measure_from + target.duration,
@@ -483,23 +554,36 @@ async fn measure(
     });
     fixture.start_measurement();
     let resets_before = fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed));
-    let label = format!("{} {} c={concurrency}", target.name, workload.name());
-    let progress = tokio::spawn(progress(label.clone(), run.clone()));
+    let progress = tokio::spawn(progress(label.to_owned(), run.clone()));
     let workers: Vec<_> = clients
         .into_iter()
         .enumerate()
         .map(|(i, c)| tokio::spawn(Worker::new(c, mode.clone(), fixture.clone(), run.clone(), i as u64 + 1).run()))
         .collect();
-    let mut tallies: Vec<Tally> = Vec::with_capacity(workers.len());
+    let mut tallies = Vec::with_capacity(workers.len());
     for w in workers {
         tallies.push(w.await.map_err(|e| format!("{label}: a connection task failed: {e}"))?);
     }
     progress.abort();
     let _ = progress.await;
-    let steps = workload.steps();
     let last = tallies.iter().filter_map(|t| t.last_done).max().unwrap_or(measure_from);
     let paused = fixture.paused();
-    let seconds = (last.saturating_duration_since(measure_from).saturating_sub(paused)).as_secs_f64().max(1e-9);
+    let seconds = last.saturating_duration_since(measure_from).saturating_sub(paused).as_secs_f64().max(1e-9);
+    let resets = fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed)) - resets_before;
+    Ok(Raw { tallies, seconds, resets, paused })
+}
+
+/// Pools the runs of one measurement: requests and seconds add up, latency samples merge.
+fn summarise(target: &Target, workload: Workload, concurrency: usize, raws: Vec<Raw>) -> Measurement {
+    let steps = workload.steps();
+    let seconds: f64 = raws.iter().map(|r| r.seconds).sum();
+    let runs_requests_per_s = raws
+        .iter()
+        .map(|r| {
+            r.tallies.iter().map(|t| t.samples.iter().map(Vec::len).sum::<usize>()).sum::<usize>() as f64 / r.seconds
+        })
+        .collect();
+    let tallies: Vec<&Tally> = raws.iter().flat_map(|r| r.tallies.iter()).collect();
     let mut all = Vec::new();
     let mut step_results = Vec::with_capacity(steps.len());
     for (i, (route, _)) in steps.iter().enumerate() {
@@ -517,10 +601,9 @@ async fn measure(
         });
     }
     let requests = all.len() as u64;
-    // Iterations whose requests were all recorded (the warm-up ones are not).
+    // Iterations whose requests were all recorded (those begun in the warm-up are not).
     let iterations = step_results.iter().map(|s| s.requests).min().unwrap_or(0);
-    let errors = tallies.iter().map(|t| t.errors).sum();
-    let m = Measurement {
+    Measurement {
         target: target.name.clone(),
         engine: target.engine.clone(),
         durability: target.durability.clone(),
@@ -530,18 +613,22 @@ async fn measure(
         seconds,
         requests,
         iterations,
-        errors,
+        errors: tallies.iter().map(|t| t.errors).sum(),
         first_error: tallies.iter().find_map(|t| t.first_error.clone()),
         requests_per_s: requests as f64 / seconds,
         keys_per_s: (iterations * workload.batch() as u64) as f64 / seconds,
+        runs_requests_per_s,
         latency: Latency::of(&mut all),
         steps: step_results,
-        pool_resets: fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed)) - resets_before,
-        paused_s: paused.as_secs_f64(),
-    };
+        pool_resets: raws.iter().map(|r| r.resets).sum(),
+        paused_s: raws.iter().map(|r| r.paused.as_secs_f64()).sum(),
+    }
+}
+
+fn print_measurement(m: &Measurement) {
     eprintln!(
         "{:<44} {:>9.0} req/s {:>10.0} keys/s  p50 {:>8.1} µs  p99 {:>8.1} µs  p99.9 {:>8.1} µs  errors {}{}",
-        label,
+        format!("{} {} c={}", m.target, m.workload, m.concurrency),
         m.requests_per_s,
         m.keys_per_s,
         m.latency.p50_us,
@@ -550,7 +637,6 @@ async fn measure(
         m.errors,
         m.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default()
     );
-    Ok(m)
 }
 
 /// Prints a progress line every second while a measurement runs (overwritten on a terminal).
@@ -587,16 +673,33 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
     let peer_name = peer.map(|p| p.name.as_str());
     println!();
     println!(
-        "{:<22} {:>5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>10} {:>8}",
-        "workload", "conc", "req/s", "keys/s", "p50 µs", "p99 µs", "p99.9 µs", "floor/s", "÷floor", "peer/s", "÷peer"
+        "{:<22} {:>5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>7} {:>11} {:>10} {:>7}",
+        "workload",
+        "conc",
+        "req/s",
+        "keys/s",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "floor/s",
+        "÷floor",
+        "runs",
+        "peer/s",
+        "÷peer"
     );
     for r in ratios {
         let Some(m) = find("kvpages", &r.workload, r.concurrency) else { continue };
         let f = find("floor", &r.workload, r.concurrency);
         let p = peer_name.and_then(|n| find(n, &r.workload, r.concurrency));
         let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        let lo = r.runs_vs_floor.iter().copied().reduce(f64::min);
+        let hi = r.runs_vs_floor.iter().copied().reduce(f64::max);
+        let spread = match (lo, hi) {
+            (Some(lo), Some(hi)) if r.runs_vs_floor.len() > 1 => format!("{lo:.2}–{hi:.2}"),
+            _ => "-".into(),
+        };
         println!(
-            "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>8} {:>10} {:>8}",
+            "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7} {:>11} {:>10} {:>7}",
             r.workload,
             r.concurrency,
             m.requests_per_s,
@@ -606,6 +709,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
             m.latency.p999_us,
             opt(f.map(|f| f.requests_per_s), 0),
             opt(r.vs_floor, 2),
+            spread,
             opt(p.map(|p| p.requests_per_s), 0),
             opt(r.vs_peer, 1),
         );

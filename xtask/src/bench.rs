@@ -1,0 +1,603 @@
+//! `cargo xtask bench`: the whole performance report, measured on this machine.
+//!
+//! 1. builds the release binary;
+//! 2. starts vLLM 0.33.0's own metadata server (fetched by `tests/python/peer.py`, never
+//!    committed) as the peer, if it can be had;
+//! 3. runs `kvpages bench` (every workload; concurrency 1, 4, 16, 64; kvpages, floor and peer
+//!    alternating run by run), then `kvpages bench --memory` in a process of its own;
+//! 4. runs the criterion benchmarks of the core;
+//! 5. writes `docs/bench/`: the JSON of every run, `results.md` (tables) and SVG plots.
+//!
+//! `--quick` shortens every run (two minutes or so in all) for trying the tooling out;
+//! `--report-only` re-renders `docs/bench/` from the JSON of the last run in `target/bench/`.
+
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use plotters::prelude::*;
+use serde_json::Value;
+
+use crate::{Result, cargo, root, run, step};
+
+/// Concurrencies of the report.
+const CONCURRENCY: &str = "1,4,16,64";
+
+struct Peer {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // Our own child: end it and reap it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// vLLM's server, through the parity tests' helper (download + extract on first use).
+fn start_peer(out: &Path) -> Result<Peer> {
+    let py = "import sys; sys.path.insert(0, 'tests/python'); import peer; peer.ensure_peer_deps(); print(peer.peer_source())";
+    println!("+ python3 -c \"{py}\"");
+    let o = Command::new("python3").current_dir(root()).args(["-c", py]).stderr(Stdio::inherit()).output();
+    let o = o.map_err(|e| format!("python3: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("tests/python/peer.py could not provide vLLM's server ({})", o.status));
+    }
+    let script = String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_owned();
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let log = std::fs::File::create(out.join("peer.log")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new("python3");
+    cmd.args([script.as_str(), "--host", "127.0.0.1", "--port", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    println!("+ {}", crate::show(&cmd));
+    let child = cmd.spawn().map_err(|e| format!("python3 {script}: {e}"))?;
+    let mut peer = Peer { child, url: format!("http://127.0.0.1:{port}") };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(status)) = peer.child.try_wait() {
+            return Err(format!("vLLM's server exited with {status}; see {}", out.join("peer.log").display()));
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            println!("  vLLM's server is listening on {}", peer.url);
+            return Ok(peer);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err("vLLM's server did not listen within 30 s".into())
+}
+
+pub(crate) fn bench(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let out = root().join("target/bench");
+    let docs = root().join("docs/bench");
+    std::fs::create_dir_all(&out).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&docs).map_err(|e| e.to_string())?;
+    if args.iter().any(|a| a == "--report-only") {
+        return report(&out, &docs);
+    }
+
+    step("build the release binary");
+    run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
+    let bin = root().join("target/release/kvpages");
+
+    step("the peer: vLLM 0.33.0's hf3fs_metadata_server.py");
+    let peer = match start_peer(&out) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            println!("  no peer comparison this time: {e}");
+            None
+        }
+    };
+
+    step("load: kvpages bench (kvpages, floor and peer alternate run by run)");
+    let (duration, repeat, peer_duration) = if quick { ("0.5", "1", "0.5") } else { ("1", "3", "1") };
+    let load_json = out.join("load.json");
+    let mut cmd = Command::new(&bin);
+    cmd.args(["bench", "--concurrency", CONCURRENCY, "--duration", duration, "--repeat", repeat, "--warmup", "0.3"]);
+    cmd.arg("--json").arg(&load_json);
+    if let Some(p) = &peer {
+        cmd.args(["--peer", &p.url, "--wipe", "--peer-duration", peer_duration, "--peer-repeat", "1"]);
+    }
+    run(&mut cmd)?;
+    drop(peer);
+
+    step("memory: kvpages bench --memory (a process of its own)");
+    let memory_json = out.join("memory.json");
+    run(Command::new(&bin).args(["bench", "--memory", "--json"]).arg(&memory_json))?;
+
+    step("core: criterion benchmarks");
+    let mut c = cargo();
+    c.args(["bench", "-p", "kvpages-core", "--bench", "core"]);
+    if quick {
+        c.args(["--", "--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+    }
+    run(&mut c)?;
+
+    report(&out, &docs)
+}
+
+/// docs/bench/ from the JSON in target/bench/ (alone: `cargo xtask bench --report-only`).
+fn report(out: &Path, docs: &Path) -> Result<()> {
+    step("report: docs/bench/");
+    let core = read_criterion(&root().join("target/criterion"))?;
+    std::fs::write(out.join("core.json"), serde_json::to_string_pretty(&core).map_err(|e| e.to_string())? + "\n")
+        .map_err(|e| e.to_string())?;
+    for name in ["load.json", "memory.json", "core.json"] {
+        let (from, to) = (out.join(name), docs.join(name));
+        std::fs::copy(&from, &to).map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))?;
+    }
+    let load = read_json(&out.join("load.json"))?;
+    let memory = read_json(&out.join("memory.json"))?;
+    plots(&load, &core, docs)?;
+    let md = results_md(&load, &memory, &core);
+    std::fs::write(docs.join("results.md"), md).map_err(|e| e.to_string())?;
+    println!("  wrote {}", docs.display());
+    Ok(())
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `{group: {pool size: ns per key}}` from criterion's `new/estimates.json` files.
+fn read_criterion(dir: &Path) -> Result<Value> {
+    let mut groups = serde_json::Map::new();
+    for group in ["allocate_confirm_32", "exists_32", "locations_32", "initialize"] {
+        let per = if group == "initialize" { 1.0 } else { 32.0 };
+        let mut sizes = serde_json::Map::new();
+        let gdir = dir.join(group);
+        let entries = std::fs::read_dir(&gdir).map_err(|e| format!("{}: {e}", gdir.display()))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.parse::<u64>().is_err() {
+                continue;
+            }
+            let est = read_json(&e.path().join("new/estimates.json"))?;
+            let mean = est["mean"]["point_estimate"].as_f64().unwrap_or(f64::NAN);
+            let lo = est["mean"]["confidence_interval"]["lower_bound"].as_f64().unwrap_or(f64::NAN);
+            let hi = est["mean"]["confidence_interval"]["upper_bound"].as_f64().unwrap_or(f64::NAN);
+            sizes.insert(name, serde_json::json!({"ns": mean / per, "ns_low": lo / per, "ns_high": hi / per}));
+        }
+        groups.insert(group.into(), Value::Object(sizes));
+    }
+    Ok(serde_json::json!({
+        "kind": "core",
+        "unit": "ns per key (initialize: ns per command), criterion mean and 95 % interval",
+        "groups": groups
+    }))
+}
+
+/// One measurement of load.json.
+struct Row<'a>(&'a Value);
+
+impl Row<'_> {
+    fn s(&self, k: &str) -> &str {
+        self.0[k].as_str().unwrap_or("")
+    }
+    fn f(&self, k: &str) -> f64 {
+        self.0[k].as_f64().unwrap_or(f64::NAN)
+    }
+    fn conc(&self) -> u64 {
+        self.0["concurrency"].as_u64().unwrap_or(0)
+    }
+    fn lat(&self, k: &str) -> f64 {
+        self.0["latency"][k].as_f64().unwrap_or(f64::NAN)
+    }
+}
+
+fn rows(load: &Value) -> Vec<Row<'_>> {
+    load["results"].as_array().map(|a| a.iter().map(Row).collect()).unwrap_or_default()
+}
+
+fn workloads(load: &Value) -> Vec<String> {
+    let mut seen = Vec::new();
+    for r in rows(load) {
+        if !seen.iter().any(|w| w == r.s("workload")) {
+            seen.push(r.s("workload").to_owned());
+        }
+    }
+    seen
+}
+
+fn find<'a>(load: &'a Value, target: &str, w: &str, c: u64) -> Option<Row<'a>> {
+    rows(load).into_iter().find(|r| r.s("target") == target && r.s("workload") == w && r.conc() == c)
+}
+
+fn peer_name(load: &Value) -> Option<String> {
+    rows(load).iter().map(|r| r.s("target").to_owned()).find(|t| t != "kvpages" && t != "floor")
+}
+
+fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let m = &load["machine"];
+    let _ = writeln!(s, "# Benchmark results (generated by `cargo xtask bench`; do not edit)\n");
+    let _ = writeln!(
+        s,
+        "Machine: {} CPUs ({}), {:.1} GiB memory. Command: `{}`.\n",
+        m["nproc"],
+        m["cpu"].as_str().unwrap_or("?"),
+        m["mem_total_kib"].as_f64().unwrap_or(0.0) / 1048576.0,
+        load["command"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(s, "Pool: {}.\n", load["pool"].as_str().unwrap_or(""));
+    let peer = peer_name(load);
+    let _ = writeln!(s, "## Load (HTTP/1.1 keep-alive on loopback; engine native, durability memory)\n");
+    let _ = writeln!(
+        s,
+        "req/s and latency per request (every request of a workload); keys/s = iterations × keys per iteration / s. \
+         ÷floor: kvpages req/s over the transport-only floor's at the same concurrency and body sizes, pooled over the \
+         runs (range: each run alone). ÷peer: kvpages req/s over {}'s.\n",
+        peer.as_deref().unwrap_or("the peer (not measured)")
+    );
+    let _ = writeln!(
+        s,
+        "| workload | conc | req/s | keys/s | p50 µs | p99 µs | p99.9 µs | floor req/s | ÷floor | runs ÷floor | peer req/s | peer p50 µs | ÷peer |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in load["ratios"].as_array().into_iter().flatten() {
+        let w = r["workload"].as_str().unwrap_or("");
+        let c = r["concurrency"].as_u64().unwrap_or(0);
+        let Some(k) = find(load, "kvpages", w, c) else { continue };
+        let f = find(load, "floor", w, c);
+        let p = peer.as_deref().and_then(|n| find(load, n, w, c));
+        let runs: Vec<f64> = r["runs_vs_floor"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+        let range = match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
+            (Some(lo), Some(hi)) if runs.len() > 1 => format!("{lo:.2}–{hi:.2}"),
+            _ => "-".into(),
+        };
+        let opt = |v: Option<f64>, d: usize| v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.d$}"));
+        let _ = writeln!(
+            s,
+            "| {w} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {range} | {} | {} | {} |",
+            k.f("requests_per_s"),
+            k.f("keys_per_s"),
+            k.lat("p50_us"),
+            k.lat("p99_us"),
+            k.lat("p999_us"),
+            opt(f.as_ref().map(|f| f.f("requests_per_s")), 0),
+            opt(r["vs_floor"].as_f64(), 2),
+            opt(p.as_ref().map(|p| p.f("requests_per_s")), 0),
+            opt(p.as_ref().map(|p| p.lat("p50_us")), 0),
+            opt(r["vs_peer"].as_f64(), 1),
+        );
+    }
+    let _ = writeln!(s, "\n## Memory (`kvpages bench --memory`)\n");
+    let _ = writeln!(
+        s,
+        "- {} keys ({}) stored in {:.2} s: VmRSS {} KiB → {} KiB, **{:.1} B per key**.",
+        memory["keys"],
+        memory["key_form"].as_str().unwrap_or(""),
+        memory["store_seconds"].as_f64().unwrap_or(f64::NAN),
+        memory["rss_before_kib"],
+        memory["rss_after_kib"],
+        memory["rss_per_key_bytes"].as_f64().unwrap_or(f64::NAN)
+    );
+    let _ = writeln!(
+        s,
+        "- Initializing a {}-page rank: {:.1} µs, VmRSS {:+} KiB; the first allocate+confirm of 32 keys on it: {:.1} µs.",
+        memory["huge_rank_pages"],
+        memory["huge_rank_init_us"].as_f64().unwrap_or(f64::NAN),
+        memory["huge_rank_rss_kib"].as_i64().unwrap_or(0),
+        memory["huge_rank_first_allocate_confirm_us"].as_f64().unwrap_or(f64::NAN)
+    );
+    let _ = writeln!(s, "\n## Core alone (criterion; {})\n", core["unit"].as_str().unwrap_or(""));
+    let groups = core["groups"].as_object().cloned().unwrap_or_default();
+    let mut sizes: Vec<u64> = groups
+        .values()
+        .flat_map(|g| g.as_object().into_iter().flat_map(|o| o.keys()))
+        .filter_map(|k| k.parse().ok())
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let _ = write!(s, "| pool pages |");
+    for g in groups.keys() {
+        let _ = write!(s, " {g} |");
+    }
+    let _ = writeln!(s, "\n|---:|{}", "---:|".repeat(groups.len()));
+    for size in sizes {
+        let _ = write!(s, "| {size} |");
+        for g in groups.values() {
+            let v = &g[size.to_string()];
+            let _ = write!(
+                s,
+                " {:.1} ({:.1}–{:.1}) |",
+                v["ns"].as_f64().unwrap_or(f64::NAN),
+                v["ns_low"].as_f64().unwrap_or(f64::NAN),
+                v["ns_high"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
+type Plot = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn plots(load: &Value, core: &Value, docs: &Path) -> Result<()> {
+    let err = |what: &str, e: Box<dyn std::error::Error>| format!("plot {what}: {e}");
+    throughput_vs_concurrency(load, &docs.join("throughput_vs_concurrency.svg")).map_err(|e| err("throughput", e))?;
+    latency_vs_concurrency(load, &docs.join("latency_vs_concurrency.svg")).map_err(|e| err("latency", e))?;
+    ratio_vs_concurrency(load, &docs.join("ratio_to_floor_vs_concurrency.svg")).map_err(|e| err("ratio", e))?;
+    batch_size(load, &docs.join("batch_size.svg")).map_err(|e| err("batch size", e))?;
+    core_pool_size(core, &docs.join("core_vs_pool_size.svg")).map_err(|e| err("core", e))?;
+    Ok(())
+}
+
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    C[i % C.len()]
+}
+
+fn concurrencies(load: &Value) -> Vec<u64> {
+    let mut c: Vec<u64> = rows(load).iter().map(Row::conc).collect();
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+/// Lines over concurrency (log-2 x axis), one per (label, points) series; `log_y` for rates.
+fn concurrency_chart(path: &Path, title: &str, y_desc: &str, series: Vec<Series>, log_y: bool) -> Plot {
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let xs: Vec<u64> = series.iter().flat_map(|s| s.3.iter().map(|p| p.0)).collect();
+    let ys: Vec<f64> =
+        series.iter().flat_map(|s| s.3.iter().map(|p| p.1)).filter(|v| v.is_finite() && *v > 0.0).collect();
+    let (xmax, ymin, ymax) = (
+        xs.iter().copied().max().unwrap_or(1).max(2) as f64,
+        ys.iter().copied().fold(f64::INFINITY, f64::min),
+        ys.iter().copied().fold(0.0, f64::max),
+    );
+    let mut b = ChartBuilder::on(&root);
+    b.caption(title, ("sans-serif", 22)).margin(12).x_label_area_size(44).y_label_area_size(80);
+    let x_range = (0.8f64..xmax * 1.25).log_scale();
+    if log_y {
+        let mut chart = b.build_cartesian_2d(x_range, (ymin * 0.7..ymax * 1.5).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent connections")
+            .y_desc(y_desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()?;
+        draw_lines(&mut chart, &series)?;
+    } else {
+        let mut chart = b.build_cartesian_2d(x_range, 0.0..(ymax * 1.15).max(1.2))?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent connections")
+            .y_desc(y_desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()?;
+        draw_lines(&mut chart, &series)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+type Series = (String, RGBColor, bool, Vec<(u64, f64)>);
+
+fn draw_lines<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, Y>>,
+    series: &[Series],
+) -> Plot {
+    for (label, col, dashed, points) in series {
+        let pts: Vec<(f64, f64)> =
+            points.iter().filter(|p| p.1.is_finite() && p.1 > 0.0).map(|&(x, y)| (x as f64, y)).collect();
+        let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: if *dashed { 1 } else { 2 } };
+        let s = if *dashed {
+            chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
+        } else {
+            chart.draw_series(LineSeries::new(pts.clone(), style))?
+        };
+        s.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    Ok(())
+}
+
+fn throughput_vs_concurrency(load: &Value, path: &Path) -> Plot {
+    let cs = concurrencies(load);
+    let mut series = Vec::new();
+    for (i, w) in workloads(load).iter().enumerate() {
+        let pts = cs.iter().filter_map(|&c| find(load, "kvpages", w, c).map(|r| (c, r.f("requests_per_s")))).collect();
+        series.push((w.clone(), color(i), false, pts));
+    }
+    if let Some(p) = peer_name(load) {
+        for (i, w) in workloads(load).iter().enumerate() {
+            let pts: Vec<_> =
+                cs.iter().filter_map(|&c| find(load, &p, w, c).map(|r| (c, r.f("requests_per_s")))).collect();
+            if !pts.is_empty() {
+                series.push((format!("{w} ({p})"), color(i), true, pts));
+            }
+        }
+    }
+    concurrency_chart(
+        path,
+        "kvpages requests/s vs concurrency (dashed: vLLM's Python server)",
+        "requests/s",
+        series,
+        true,
+    )
+}
+
+fn latency_vs_concurrency(load: &Value, path: &Path) -> Plot {
+    let cs = concurrencies(load);
+    let mut series = Vec::new();
+    for (i, w) in workloads(load).iter().enumerate() {
+        for (k, dashed) in [("p50_us", false), ("p99_us", true)] {
+            let pts = cs.iter().filter_map(|&c| find(load, "kvpages", w, c).map(|r| (c, r.lat(k)))).collect();
+            series.push((format!("{w} {}", &k[..3]), color(i), dashed, pts));
+        }
+    }
+    concurrency_chart(path, "kvpages latency per request vs concurrency (solid p50, dashed p99)", "µs", series, true)
+}
+
+fn ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
+    let mut series = Vec::new();
+    for (i, w) in workloads(load).iter().enumerate() {
+        let pts = load["ratios"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["workload"].as_str() == Some(w.as_str()))
+            .filter_map(|r| Some((r["concurrency"].as_u64()?, r["vs_floor"].as_f64()?)))
+            .collect();
+        series.push((w.clone(), color(i), false, pts));
+    }
+    concurrency_chart(
+        path,
+        "kvpages requests/s ÷ transport-only floor (same run, same bodies)",
+        "ratio to floor",
+        series,
+        false,
+    )
+}
+
+fn batch_size(load: &Value, path: &Path) -> Plot {
+    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(600);
+    let families: [(&str, &[(u64, &str)]); 2] = [
+        ("batch_exists", &[(32, "exists-32"), (256, "exists-256"), (1250, "exists-1250")]),
+        ("allocate+confirm", &[(32, "allocate-confirm-32"), (128, "allocate-confirm-128")]),
+    ];
+    let cs = concurrencies(load);
+    for (area, metric, desc) in [(&left, "keys_per_s", "keys/s"), (&right, "p50_us", "p50 µs per request")] {
+        let value = |r: &Row<'_>| if metric == "keys_per_s" { r.f(metric) } else { r.lat(metric) };
+        let mut all = Vec::new();
+        for (_, members) in &families {
+            for c in &cs {
+                for (_, w) in members.iter() {
+                    if let Some(r) = find(load, "kvpages", w, *c) {
+                        all.push(value(&r));
+                    }
+                }
+            }
+        }
+        let ymin = all.iter().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+        let ymax = all.iter().copied().fold(0.0, f64::max);
+        if !ymin.is_finite() {
+            continue;
+        }
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{desc} vs keys per request"), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(80)
+            .build_cartesian_2d((20f64..2000f64).log_scale(), (ymin * 0.7..ymax * 1.5).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("keys per request")
+            .y_desc(desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()?;
+        for (fi, (name, members)) in families.iter().enumerate() {
+            for (ci, &c) in cs.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = members
+                    .iter()
+                    .filter_map(|(b, w)| find(load, "kvpages", w, c).map(|r| (*b as f64, value(&r))))
+                    .filter(|p| p.1 > 0.0)
+                    .collect();
+                let col = color(ci);
+                let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: 2 };
+                let s = if fi == 0 {
+                    chart.draw_series(LineSeries::new(pts.clone(), style))?
+                } else {
+                    chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
+                };
+                s.label(format!("{name} c={c}"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+fn core_pool_size(core: &Value, path: &Path) -> Plot {
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let groups: BTreeMap<String, Vec<(f64, f64)>> = core["groups"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(g, sizes)| {
+            let mut pts: Vec<(f64, f64)> = sizes
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.parse::<f64>().ok()?, v["ns"].as_f64()?)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (g.clone(), pts)
+        })
+        .collect();
+    let ys: Vec<f64> = groups.values().flatten().map(|p| p.1).filter(|v| *v > 0.0).collect();
+    let (ymin, ymax) = (ys.iter().copied().fold(f64::INFINITY, f64::min), ys.iter().copied().fold(0.0, f64::max));
+    let mut chart = ChartBuilder::on(&root)
+        .caption("the core alone: ns per key vs pool size (criterion; initialize: ns per command)", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(80)
+        .build_cartesian_2d((500f64..2e8).log_scale(), (ymin * 0.5..ymax * 3.0).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("pages in the pool")
+        .y_desc("ns")
+        .x_label_formatter(&|x| format!("{x:.0e}"))
+        .draw()?;
+    for (i, (g, pts)) in groups.iter().enumerate() {
+        let col = color(i);
+        let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: 2 };
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))?
+            .label(g.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Where the smoke run of `cargo xtask test` writes its JSON (never docs/).
+pub(crate) fn smoke_json() -> PathBuf {
+    root().join("target/bench/smoke.json")
+}
