@@ -47,6 +47,11 @@ pub enum Error {
         /// Where it appeared.
         place: PagePlace,
     },
+    /// An SGLang import into a state that already holds SGLang pools, without `replace`.
+    SglangPoolsExist {
+        /// How many.
+        pools: u32,
+    },
     /// An SGLang import was refused; nothing was loaded.
     ImportRefused {
         /// What is wrong, naming the pool and the field.
@@ -75,6 +80,9 @@ impl fmt::Display for Error {
                 write!(f, "{name}[{i}]: page {page} is out of range, rank {rank} has {num_pages} pages")
             }
             Error::ImportRefused { reason } => write!(f, "import refused: {reason}"),
+            Error::SglangPoolsExist { pools } => {
+                write!(f, "kvpages already holds {pools} SGLang pools (import with replace to drop them)")
+            }
             Error::NothingConfirmed { refused } => {
                 write!(f, "none of the {} confirmations matched a reservation", refused.len())
             }

@@ -736,7 +736,7 @@ impl Core {
         let refuse = |reason: String| Err(Error::ImportRefused { reason });
         let existing = self.spaces.keys().filter(|s| matches!(s, Space::Sglang { .. })).count();
         if existing > 0 && !replace {
-            return refuse(format!("kvpages already holds {existing} SGLang pools (import with replace to drop them)"));
+            return Err(Error::SglangPoolsExist { pools: existing as u32 });
         }
         // Check everything before changing anything.
         let mut seen_pools = alloc::collections::BTreeSet::new();

@@ -31,6 +31,10 @@ pub enum ErrorCode {
     SglangRankNotInitialized,
     /// `/admin/keys/{key}` with a key that is not valid.
     KeyInvalid,
+    /// An SGLang persistence file that is malformed or inconsistent.
+    ImportInvalid,
+    /// An SGLang import while SGLang pools exist, without `replace`.
+    ImportConflict,
     /// `/admin/keys/{key}` for a key that is not stored.
     KeyNotFound,
     /// The body could not be read (broken chunked encoding, connection cut).
@@ -51,7 +55,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -63,6 +67,8 @@ impl ErrorCode {
         ErrorCode::SglangRequestInvalid,
         ErrorCode::SglangRankNotInitialized,
         ErrorCode::KeyInvalid,
+        ErrorCode::ImportInvalid,
+        ErrorCode::ImportConflict,
         ErrorCode::KeyNotFound,
         ErrorCode::RouteNotFound,
         ErrorCode::MethodNotAllowed,
@@ -83,13 +89,16 @@ impl ErrorCode {
             | ErrorCode::DeleteRequestInvalid
             | ErrorCode::SglangRequestInvalid
             | ErrorCode::KeyInvalid
+            | ErrorCode::ImportInvalid
             | ErrorCode::BodyUnreadable => StatusCode::BAD_REQUEST,
             ErrorCode::RankNotInitialized
             | ErrorCode::SglangRankNotInitialized
             | ErrorCode::RouteNotFound
             | ErrorCode::KeyNotFound => StatusCode::NOT_FOUND,
             ErrorCode::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorCode::RankOutsideWorld | ErrorCode::NothingConfirmed => StatusCode::CONFLICT,
+            ErrorCode::RankOutsideWorld | ErrorCode::NothingConfirmed | ErrorCode::ImportConflict => {
+                StatusCode::CONFLICT
+            }
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Timeout | ErrorCode::EngineFault => StatusCode::SERVICE_UNAVAILABLE,
@@ -113,6 +122,8 @@ impl ErrorCode {
                 "Rank {rank} namespace '{namespace}' not initialized. Please call /{rank}/initialize first."
             }
             ErrorCode::KeyInvalid => "Invalid key",
+            ErrorCode::ImportInvalid => "Invalid SGLang persistence file; nothing was imported",
+            ErrorCode::ImportConflict => "kvpages already holds {pools} SGLang pools; nothing was imported",
             ErrorCode::KeyNotFound => "Key not stored",
             ErrorCode::BodyUnreadable => "Request body could not be read",
             ErrorCode::BodyTimeout => "Request body not received within {seconds} s (--request-timeout)",
@@ -138,6 +149,8 @@ impl ErrorCode {
             ErrorCode::SglangRequestInvalid => "sglang-request-invalid",
             ErrorCode::SglangRankNotInitialized => "sglang-rank-not-initialized",
             ErrorCode::KeyInvalid => "key-invalid",
+            ErrorCode::ImportInvalid => "import-invalid",
+            ErrorCode::ImportConflict => "import-conflict",
             ErrorCode::KeyNotFound => "key-not-found",
             ErrorCode::BodyUnreadable => "body-unreadable",
             ErrorCode::BodyTimeout => "body-timeout",
@@ -243,14 +256,16 @@ mod tests {
             ErrorCode::SglangRequestInvalid => 8,
             ErrorCode::SglangRankNotInitialized => 9,
             ErrorCode::KeyInvalid => 10,
-            ErrorCode::KeyNotFound => 11,
-            ErrorCode::RouteNotFound => 12,
-            ErrorCode::MethodNotAllowed => 13,
-            ErrorCode::BodyTooLarge => 14,
-            ErrorCode::BodyUnreadable => 15,
-            ErrorCode::BodyTimeout => 16,
-            ErrorCode::Timeout => 17,
-            ErrorCode::EngineFault => 18,
+            ErrorCode::ImportInvalid => 11,
+            ErrorCode::ImportConflict => 12,
+            ErrorCode::KeyNotFound => 13,
+            ErrorCode::RouteNotFound => 14,
+            ErrorCode::MethodNotAllowed => 15,
+            ErrorCode::BodyTooLarge => 16,
+            ErrorCode::BodyUnreadable => 17,
+            ErrorCode::BodyTimeout => 18,
+            ErrorCode::Timeout => 19,
+            ErrorCode::EngineFault => 20,
         }
     }
 

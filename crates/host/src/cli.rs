@@ -31,6 +31,32 @@ pub enum Cmd {
     Stats(QueryArgs),
     /// Print what a running server knows about one key (`/admin/keys/KEY`).
     Inspect(InspectArgs),
+    /// Load SGLang's persistence file (its server's `--persistence-path`) into a running server,
+    /// all or nothing, so a deployment switches without losing its cache.
+    ImportSglang(ImportArgs),
+    /// Write a running server's SGLang pools in SGLang's persistence format (for rollback).
+    ExportSglang(ExportArgs),
+}
+
+/// Flags of `kvpages import-sglang`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// SGLang's persistence JSON file.
+    pub file: std::path::PathBuf,
+    /// Drop the SGLang pools the server holds first (otherwise an import needs an empty state).
+    #[arg(long)]
+    pub replace: bool,
+    #[command(flatten)]
+    pub server: QueryArgs,
+}
+
+/// Flags of `kvpages export-sglang`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Where to write the file.
+    pub file: std::path::PathBuf,
+    #[command(flatten)]
+    pub server: QueryArgs,
 }
 
 /// Where a running server is.
@@ -95,6 +121,10 @@ pub struct ServeArgs {
     /// ...down to this share.
     #[arg(long, env = "KVPAGES_EVICT_LOW", default_value_t = 0.90, value_parser = parse_share)]
     pub evict_low: f64,
+    /// Load SGLang's persistence file at start (all or nothing; the server does not start if it
+    /// is refused).
+    #[arg(long, env = "KVPAGES_IMPORT_SGLANG")]
+    pub import_sglang: Option<std::path::PathBuf>,
     /// Log filter (tracing's env-filter syntax): error, warn, info, debug (one line per request).
     #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
     pub log: String,
@@ -181,6 +211,8 @@ pub fn main() -> ExitCode {
         Cmd::Bench(args) => crate::bench::main(args),
         Cmd::Stats(args) => query(&args.url, "/stats".to_owned()),
         Cmd::Inspect(args) => query(&args.server.url, format!("/admin/keys/{}", percent_encode(&args.key))),
+        Cmd::ImportSglang(args) => import_sglang(&args),
+        Cmd::ExportSglang(args) => export_sglang(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -202,7 +234,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let seed = random_seed();
-        let engine = server::build_engine(&config, seed);
+        let mut engine = server::build_engine(&config, seed);
+        if let Some(path) = &args.import_sglang {
+            server::preload_sglang(engine.as_mut(), &config, path)?;
+        }
         tracing::info!(
             engine = %config.engine,
             world_size = ?config.settings.world_size,
@@ -257,4 +292,44 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+fn import_sglang(args: &ImportArgs) -> Result<(), String> {
+    let body = std::fs::read(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    eprintln!("kvpages: sending {} ({} bytes) to {}", args.file.display(), body.len(), args.server.url);
+    let path = if args.replace { "/admin/import/sglang?replace=true" } else { "/admin/import/sglang" };
+    let url = &args.server.url;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = client.post(path, body).await.map_err(|e| format!("{url}{path}: {e}"))?;
+        let text = String::from_utf8_lossy(&resp.body);
+        if (200..300).contains(&resp.status) {
+            println!("{text}");
+            Ok(())
+        } else {
+            Err(format!("{url}{path} answered {}: {text}", resp.status))
+        }
+    })
+}
+
+fn export_sglang(args: &ExportArgs) -> Result<(), String> {
+    let url = &args.server.url;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let body = rt.block_on(async {
+        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = client.get("/admin/export/sglang").await.map_err(|e| format!("{url}: {e}"))?;
+        if (200..300).contains(&resp.status) {
+            Ok(resp.body)
+        } else {
+            Err(format!("{url}/admin/export/sglang answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body)))
+        }
+    })?;
+    // Written beside the target and renamed, so a crash never leaves half a file.
+    let tmp = args.file.with_extension("tmp");
+    std::fs::write(&tmp, &body)
+        .and_then(|()| std::fs::rename(&tmp, &args.file))
+        .map_err(|e| format!("{}: {e}", args.file.display()))?;
+    eprintln!("kvpages: wrote {} ({} bytes)", args.file.display(), body.len());
+    Ok(())
 }

@@ -85,8 +85,7 @@ impl App {
 
     /// Reads the whole body: 413 past `--max-body`, 408 if it has not arrived by `deadline`
     /// (a client that stalls is not the server's fault, so no 5xx), 400 if it is broken.
-    pub(crate) async fn body(&self, req: Request, deadline: Instant) -> Result<Bytes, ApiError> {
-        let limit = self.config.max_body;
+    pub(crate) async fn body(&self, req: Request, limit: usize, deadline: Instant) -> Result<Bytes, ApiError> {
         let too_large = || ApiError::filled(ErrorCode::BodyTooLarge, &[("limit", &limit)]);
         let declared =
             req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -122,6 +121,33 @@ pub fn build_engine(config: &ServeConfig, seed: u64) -> Box<dyn Engine> {
     }
 }
 
+/// Loads SGLang's persistence file into `engine` before the server starts serving.
+pub fn preload_sglang(engine: &mut dyn Engine, config: &ServeConfig, path: &std::path::Path) -> Result<(), String> {
+    let start = Instant::now();
+    let bytes = std::fs::read(path).map_err(|e| format!("--import-sglang {}: {e}", path.display()))?;
+    tracing::info!(bytes = bytes.len(), "reading SGLang's persistence file {}", path.display());
+    let pools = crate::routes::sglang_file::parse(&bytes)
+        .map_err(|e| format!("--import-sglang {}: {e}; nothing was imported", path.display()))?;
+    engine
+        .apply(0, &Command::Configure(config.settings))
+        .map_err(|e| format!("the engine refused its settings: {e:?}"))?;
+    match engine.apply(0, &Command::ImportSglang { pools, replace: false }) {
+        Ok(Reply::Imported { pools, keys, leaked_pages }) => {
+            tracing::info!(
+                pools,
+                keys,
+                leaked_pages,
+                seconds = start.elapsed().as_secs_f64(),
+                "imported SGLang's pools"
+            );
+            Ok(())
+        }
+        Ok(other) => Err(format!("unexpected reply {other:?}")),
+        Err(EngineError::Domain(e)) => Err(format!("--import-sglang {}: {e}; nothing was imported", path.display())),
+        Err(e) => Err(format!("--import-sglang {}: {e:?}; nothing was imported", path.display())),
+    }
+}
+
 /// The router with every route, the guard and the JSON fallbacks.
 pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, String> {
     let kind = engine.kind();
@@ -146,6 +172,8 @@ pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, St
         .route("/health", get(admin::health))
         .route("/stats", get(admin::stats))
         .route("/admin/keys/{key}", get(admin::inspect))
+        .route("/admin/import/sglang", post(admin::import_sglang))
+        .route("/admin/export/sglang", get(admin::export_sglang))
         // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
         .route("/{rank}/{op}", post(sglang::route))
         .fallback(not_found)

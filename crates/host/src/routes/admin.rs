@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use kvpages_core::{Command, Counters, Eviction, Key, Reply, Space, Stats};
 use serde::Serialize;
 
-use super::{Ctx, KeyText, fault, handle_async, unexpected};
+use super::{Ctx, KeyText, fault, handle_async, handle_limited, unexpected};
 use crate::api::{ApiError, ErrorCode, json_ok};
 use crate::server::App;
 
@@ -222,6 +222,59 @@ pub(crate) async fn inspect(State(app): State<App>, req: Request) -> Response {
             lease_remaining_seconds: info.lease_remaining as f64 / 1000.0,
             evictable: info.evictable,
         }))
+    })
+    .await
+}
+
+/// The largest SGLang persistence file `/admin/import/sglang` takes (10^6 keys are ~50 MB).
+pub const IMPORT_MAX_BODY: usize = 1 << 30;
+
+/// `POST /admin/import/sglang[?replace=true]` with SGLang's persistence file as the body: loads
+/// it all or nothing.
+pub(crate) async fn import_sglang(State(app): State<App>, req: Request) -> Response {
+    #[derive(Serialize)]
+    struct Imported {
+        pools: u32,
+        keys: u64,
+        leaked_pages: u64,
+        seconds: f64,
+    }
+    let replace = req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "replace=true" || kv == "replace=1"));
+    handle_limited(app, "import_sglang", req, IMPORT_MAX_BODY, async |cx: Ctx<'_>| {
+        let start = Instant::now();
+        let pools =
+            super::sglang_file::parse(cx.body).map_err(|why| ApiError::because(ErrorCode::ImportInvalid, why))?;
+        match cx.apply(&Command::ImportSglang { pools, replace }).await {
+            Ok(Reply::Imported { pools, keys, leaked_pages }) => {
+                let seconds = start.elapsed().as_secs_f64();
+                tracing::info!(pools, keys, leaked_pages, seconds, "imported SGLang's persistence file");
+                Ok(json_ok(&Imported { pools, keys, leaked_pages, seconds }))
+            }
+            Ok(other) => Err(unexpected(&other)),
+            Err(crate::engine::EngineError::Domain(kvpages_core::Error::ImportRefused { reason })) => {
+                Err(ApiError::because(ErrorCode::ImportInvalid, reason))
+            }
+            Err(crate::engine::EngineError::Domain(kvpages_core::Error::SglangPoolsExist { pools })) => {
+                Err(ApiError::filled_because(
+                    ErrorCode::ImportConflict,
+                    &[("pools", &pools)],
+                    "add ?replace=true to drop them",
+                ))
+            }
+            Err(e) => Err(fault(e)),
+        }
+    })
+    .await
+}
+
+/// `GET /admin/export/sglang`: every SGLang pool as SGLang's server persists it (for rollback).
+pub(crate) async fn export_sglang(State(app): State<App>, req: Request) -> Response {
+    handle_async(app, "export_sglang", req, async |cx: Ctx<'_>| match cx.apply(&Command::ExportSglang).await {
+        Ok(Reply::SglangPools(pools)) => {
+            Ok(crate::api::json_bytes(axum::http::StatusCode::OK, super::sglang_file::render(&pools)))
+        }
+        Ok(other) => Err(unexpected(&other)),
+        Err(e) => Err(fault(e)),
     })
     .await
 }

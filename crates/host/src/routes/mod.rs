@@ -15,6 +15,7 @@ use crate::server::App;
 
 pub(crate) mod admin;
 pub(crate) mod sglang;
+pub(crate) mod sglang_file;
 pub(crate) mod vllm;
 
 /// How many bytes of a rejected body the warning shows.
@@ -44,9 +45,21 @@ pub(crate) async fn handle_async(
     req: Request,
     f: impl AsyncFnOnce(Ctx<'_>) -> Result<Response, ApiError>,
 ) -> Response {
+    let limit = app.config.max_body;
+    handle_limited(app, route, req, limit, f).await
+}
+
+/// [`handle_async`] with another body limit (an import's file is larger than any request).
+pub(crate) async fn handle_limited(
+    app: App,
+    route: &'static str,
+    req: Request,
+    limit: usize,
+    f: impl AsyncFnOnce(Ctx<'_>) -> Result<Response, ApiError>,
+) -> Response {
     let deadline = Instant::now() + app.config.request_timeout;
     let path = req.uri().path().to_owned();
-    let body = match app.body(req, deadline).await {
+    let body = match app.body(req, limit, deadline).await {
         Ok(b) => b,
         Err(e) => return rejected(route, &Bytes::new(), e),
     };

@@ -32,6 +32,8 @@ fn refused(malformed: ErrorCode, e: EngineError, confirmations: &[(Key, u32)]) -
         }
         e @ Error::PageOutOfRange { .. } => ApiError::because(malformed, e),
         Error::NothingConfirmed { refused } => super::nothing_confirmed(&refused, "confirmations", confirmations),
+        // Answers to commands these routes never send.
+        e @ (Error::SglangPoolsExist { .. } | Error::ImportRefused { .. }) => fault(EngineError::Domain(e)),
     }
 }
 
