@@ -175,6 +175,9 @@ pub enum Command {
     },
     /// Every SGLang pool in the format of [`Command::ImportSglang`] (a pure read).
     ExportSglang,
+    /// After recovery: every committed key takes a full read lease, so a reader whose lease
+    /// record never reached the disk stays protected. O(keys).
+    LeaseAll,
 }
 
 impl Command {
@@ -393,6 +396,8 @@ pub enum Reply {
     },
     /// The SGLang pools.
     SglangPools(Vec<SglangPool>),
+    /// Keys that took a read lease ([`Command::LeaseAll`]).
+    Leased(u64),
 }
 
 /// One SGLang `rank:namespace` pool as SGLang's server persists it.

@@ -371,6 +371,19 @@ impl Core {
             Command::Clear { space } => Ok(self.clear(space)),
             Command::ImportSglang { pools, replace } => self.import_sglang(now, pools, *replace),
             Command::ExportSglang => Ok(Reply::SglangPools(self.export_sglang())),
+            Command::LeaseAll => {
+                let settings = self.settings;
+                let mut keys = 0u64;
+                for sp in self.spaces.values_mut() {
+                    sp.expire(&settings, now);
+                    let slots: Vec<u32> = sp.keys.entries().filter(|(_, e)| e.pages.len() > 0).map(|(s, _)| s).collect();
+                    for slot in slots {
+                        sp.lease(slot, now, settings.read_lease);
+                        keys += 1;
+                    }
+                }
+                Ok(Reply::Leased(keys))
+            }
             Command::Reset { space } => {
                 let Some(old) = self.spaces.remove(space) else {
                     return Err(missing_space(space));
