@@ -1,10 +1,18 @@
 //! Property tests: invariants and conservation under any command sequence, refusals that change
 //! nothing, the allocation rule on arbitrary states, seed independence, and key round trips.
+//!
+//! Settings are drawn from the peer's (`Eviction::Off`, no quarantine, no lease) and from
+//! kvpages' own (LRU eviction with watermarks, quarantine, read leases), in short durations so
+//! that they all run out inside a case.
 
 mod common;
 
-use common::{check_conservation, refused_cleanly, snapshot};
-use kvpages_core::{Allocation, Command, Core, Key, KeyError, MAX_KEY_LEN, Millis, Reply, Settings, Space};
+use std::collections::BTreeSet;
+
+use common::{check_conservation, expired_at, peer_settings, refused_cleanly, snapshot};
+use kvpages_core::{
+    Allocation, Command, Core, Eviction, Key, KeyError, KeyInfo, MAX_KEY_LEN, Millis, Reply, Settings, Space,
+};
 use proptest::prelude::*;
 
 /// A small key universe, mixing packed hex keys and verbatim ones that look almost alike.
@@ -49,8 +57,21 @@ enum Op {
         rank: u32,
         keys: Vec<u8>,
     },
+    Delete {
+        keys: Vec<u8>,
+    },
+    Inspect {
+        key: u8,
+    },
+    Stats,
     Clear,
     Ttl(Millis),
+    /// New lease, quarantine and eviction settings (the TTL and the TP world stay).
+    Reconfigure {
+        read_lease: Millis,
+        quarantine: Millis,
+        lru: bool,
+    },
     Advance(Millis),
 }
 
@@ -65,16 +86,49 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (rank.clone(), prop::collection::vec((0..8u8, 0..14u32), 0..4), prop::collection::vec(0..14u32, 0..3))
             .prop_map(|(rank, confirmations, releases)| Op::Confirm { rank, confirmations, releases }),
         2 => keys().prop_map(|keys| Op::Exists { keys }),
-        2 => (rank, keys()).prop_map(|(rank, keys)| Op::Locations { rank, keys }),
+        3 => (rank, keys()).prop_map(|(rank, keys)| Op::Locations { rank, keys }),
+        2 => prop::collection::vec(0..8u8, 0..4).prop_map(|keys| Op::Delete { keys }),
+        1 => (0..8u8).prop_map(|key| Op::Inspect { key }),
+        1 => Just(Op::Stats),
         1 => Just(Op::Clear),
         1 => prop_oneof![Just(0u64), Just(30), Just(100), Just(1_000)].prop_map(Op::Ttl),
+        1 => (durations(), durations(), any::<bool>())
+            .prop_map(|(read_lease, quarantine, lru)| Op::Reconfigure { read_lease, quarantine, lru }),
         6 => prop_oneof![3 => 0..20u64, 1 => 20..400u64].prop_map(Op::Advance),
     ]
 }
 
+/// `op()` with more reads, settings changes and clock moves: what replay equivalence is about.
+fn op_with_reads() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => op(),
+        1 => Just(Op::Stats),
+        1 => (durations(), durations(), any::<bool>())
+            .prop_map(|(read_lease, quarantine, lru)| Op::Reconfigure { read_lease, quarantine, lru }),
+        1 => prop_oneof![0..100u64, 100..1_000u64].prop_map(Op::Advance),
+    ]
+}
+
+/// Lease and quarantine durations: off, short, or longer than a case.
+fn durations() -> impl Strategy<Value = Millis> {
+    prop_oneof![Just(0u64), Just(30), Just(150), Just(60_000)]
+}
+
 fn settings() -> impl Strategy<Value = Settings> {
-    (prop_oneof![Just(50u64), Just(200), Just(60_000)], prop_oneof![3 => Just(None), 1 => (1..4u32).prop_map(Some)])
-        .prop_map(|(reservation_ttl, world_size)| Settings { reservation_ttl, world_size, ..Settings::default() })
+    let ttl = prop_oneof![Just(50u64), Just(200), Just(60_000)];
+    let world = prop_oneof![3 => Just(None), 1 => (1..4u32).prop_map(Some)];
+    let watermarks = prop_oneof![Just((950u16, 900u16)), Just((1000, 1000)), Just((800, 500)), Just((500, 0))];
+    let ours = (durations(), durations(), prop_oneof![3 => Just(Eviction::Lru), 1 => Just(Eviction::Off)], watermarks)
+        .prop_map(|(read_lease, quarantine, eviction, (high, low))| Settings {
+            read_lease,
+            quarantine,
+            eviction,
+            evict_high_permille: high,
+            evict_low_permille: low,
+            ..Settings::default()
+        });
+    let base = prop_oneof![1 => Just(peer_settings()), 1 => Just(Settings::default()), 2 => ours];
+    (base, ttl, world).prop_map(|(base, reservation_ttl, world_size)| Settings { reservation_ttl, world_size, ..base })
 }
 
 /// Turns ops into commands against a running core (the last allocation feeds `ConfirmLast`).
@@ -118,9 +172,18 @@ impl Interp {
             },
             Op::Exists { keys } => Command::Exists { space, keys: keys_of(keys) },
             Op::Locations { rank, keys } => Command::Locations { space, rank: *rank, keys: keys_of(keys) },
+            Op::Delete { keys } => Command::Delete { space, keys: keys_of(keys) },
+            Op::Inspect { key: k } => Command::Inspect { space, key: key(*k) },
+            Op::Stats => Command::Stats,
             Op::Clear => Command::Clear { space },
             Op::Ttl(ttl) => {
                 self.settings.reservation_ttl = *ttl;
+                Command::Configure(self.settings)
+            }
+            Op::Reconfigure { read_lease, quarantine, lru } => {
+                self.settings.read_lease = *read_lease;
+                self.settings.quarantine = *quarantine;
+                self.settings.eviction = if *lru { Eviction::Lru } else { Eviction::Off };
                 Command::Configure(self.settings)
             }
             Op::Advance(ms) => {
@@ -144,7 +207,8 @@ fn config(cases: u32) -> ProptestConfig {
 proptest! {
     #![proptest_config(config(96))]
 
-    /// Any command sequence keeps every invariant, and free + reserved + committed = num_pages.
+    /// Any command sequence keeps every invariant, and free + reserved + committed +
+    /// quarantined = num_pages with leased <= committed.
     #[test]
     fn commands_keep_invariants_and_conserve_pages(s in settings(), ops in prop::collection::vec(op(), 1..80)) {
         let mut core = Core::new(1, s);
@@ -159,7 +223,7 @@ proptest! {
     }
 
     /// A refused command applies nothing (at most the clock's expiry up to `now`), and reads
-    /// never change anything.
+    /// never change anything (`Stats` lets the clock act first, and nothing else).
     #[test]
     fn refused_commands_and_reads_change_nothing(s in settings(), ops in prop::collection::vec(op(), 1..80)) {
         let mut core = Core::new(2, s);
@@ -169,7 +233,9 @@ proptest! {
             let before = core.clone();
             let reply = core.apply(it.now, &cmd);
             it.observe(&cmd, &reply);
-            if !cmd.is_mutating() {
+            if matches!(cmd, Command::Stats) {
+                prop_assert_eq!(snapshot(&core), expired_at(&before, it.now), "op {} Stats", i);
+            } else if !cmd.is_mutating() {
                 prop_assert_eq!(snapshot(&core), snapshot(&before), "op {} {:?} is a read", i, cmd);
             }
             if let Err(e) = &reply {
@@ -178,9 +244,10 @@ proptest! {
         }
     }
 
-    /// On any reachable state, an allocation follows the peer's rule exactly: all or nothing;
-    /// fresh pages come from the head of the free list in key order; a complete key gets its
-    /// page and the page taken for it goes to the tail; one entry per distinct key.
+    /// On any reachable state, an allocation follows the peer's rule exactly whenever it evicts
+    /// nothing (always with `Eviction::Off`): all or nothing; fresh pages come from the head of
+    /// the free list in key order; a complete key gets its page and the page taken for it goes
+    /// to the tail; one entry per distinct key. When LRU eviction runs, see `check_evicting`.
     #[test]
     fn allocation_follows_the_peer_rule_on_any_state(
         s in settings(),
@@ -200,15 +267,47 @@ proptest! {
         if core.apply(it.now, &Command::Allocate { space: space.clone(), rank, keys: vec![] }).is_err() {
             return Ok(()); // rank not initialized: covered elsewhere
         }
+        let settings = core.settings();
         let keys: Vec<Key> = batch.iter().map(|&i| key(i)).collect();
         let free = core.free_list(&space, rank).unwrap();
-        let Ok(Reply::Locations(hits)) = core.apply(it.now, &Command::Locations { space: space.clone(), rank, keys: keys.clone() }) else {
-            panic!("locations on an initialized rank");
-        };
+        let num_pages = u64::from(rank_pages(&core, rank));
+        // Cache hits, read without side effects (get_locations would take leases).
+        let before: Vec<Option<KeyInfo>> = keys.iter().map(|k| inspect(&core, k)).collect();
+        let hits: Vec<Option<u32>> = before
+            .iter()
+            .map(|info| info.as_ref().filter(|i| i.complete).and_then(|i| page_on(i, rank)))
+            .collect();
         let first: Vec<usize> = (0..keys.len()).filter(|&i| !keys[..i].contains(&keys[i])).collect();
-        let (want, want_free) = if free.len() < first.len() {
+        let fresh = first.iter().filter(|&&i| hits[i].is_none()).count() as u64;
+        let used = num_pages - free.len() as u64;
+        let high = num_pages * u64::from(settings.evict_high_permille) / 1000;
+        let lru = settings.eviction == Eviction::Lru;
+        let evicts = lru && fresh > 0 && ((free.len() as u64) < fresh || used + fresh > high);
+        if evicts {
+            let universe: Vec<Key> = (0..KEYS.len() as u8).map(key).collect();
+            let all_before: Vec<Option<KeyInfo>> = universe.iter().map(|k| inspect(&core, k)).collect();
+            let got = core.apply(it.now, &Command::Allocate { space: space.clone(), rank, keys: keys.clone() });
+            let Ok(Reply::Allocated(out)) = got else { panic!("allocate on an initialized rank: {got:?}") };
+            check_evicting(&core, rank, &keys, &first, &hits, &free, &universe, &all_before, &out)
+                .map_err(|e| TestCaseError::fail(format!("{e}\n  batch {keys:?} -> {out:?}")))?;
+            prop_assert!(core.check_invariants().is_ok());
+            return Ok(());
+        }
+        let (want, want_free) = if free.len() < first.len() && !(lru && free.len() as u64 >= fresh) {
             let out = first.iter().map(|&i| Allocation { index: i as u32, page: hits[i], cached: hits[i].is_some() }).collect();
             (out, free.clone())
+        } else if free.len() < first.len() {
+            // kvpages' own rule with LRU: the pool covers the fresh keys but not the whole batch,
+            // so there is no rotation: fresh keys take pages from the head, hits take none.
+            let mut head = free.iter().copied();
+            let out = first
+                .iter()
+                .map(|&i| match hits[i] {
+                    Some(existing) => Allocation { index: i as u32, page: Some(existing), cached: true },
+                    None => Allocation { index: i as u32, page: head.next(), cached: false },
+                })
+                .collect();
+            (out, head.collect())
         } else {
             let (taken, rest) = free.split_at(first.len());
             let mut tail = rest.to_vec();
@@ -230,6 +329,26 @@ proptest! {
         prop_assert!(core.check_invariants().is_ok());
     }
 
+    /// Reads are not logged, so they must not change what later commands do: the same sequence
+    /// without its reads (`Stats`, `batch_exists`, `inspect`) gives the same replies to every
+    /// other command and, once the clock has acted, the same state. (`Stats` lets the clock act;
+    /// a settings change must not make that visible.)
+    #[test]
+    fn dropping_the_reads_changes_no_reply_and_no_state(s in settings(), ops in prop::collection::vec(op_with_reads(), 1..80)) {
+        let mut live = Core::new(4, s);
+        let mut replay = Core::new(4, s);
+        let mut it = Interp::new(s);
+        for (i, op) in ops.iter().enumerate() {
+            let Some(cmd) = it.command(op) else { continue };
+            let r = live.apply(it.now, &cmd);
+            it.observe(&cmd, &r);
+            if cmd.is_mutating() {
+                prop_assert_eq!(&r, &replay.apply(it.now, &cmd), "op {} {:?}", i, cmd);
+                prop_assert_eq!(expired_at(&live, it.now), expired_at(&replay, it.now), "op {} {:?}", i, cmd);
+            }
+        }
+    }
+
     /// The seed keys only the hash tables: replies and free lists never depend on it.
     #[test]
     fn replies_do_not_depend_on_the_hasher_seed(
@@ -249,6 +368,102 @@ proptest! {
             prop_assert_eq!(snapshot(&a), snapshot(&b), "op {} {:?}", i, cmd);
         }
     }
+}
+
+fn inspect(core: &Core, k: &Key) -> Option<KeyInfo> {
+    // Inspect is a pure read, so a clone is not needed; `apply` takes `&mut`, though.
+    let mut c = core.clone();
+    match c.apply(0, &Command::Inspect { space: Space::Vllm, key: k.clone() }) {
+        Ok(Reply::Key(info)) => info.map(|b| *b),
+        other => panic!("inspect answered {other:?}"),
+    }
+}
+
+fn page_on(info: &KeyInfo, rank: u32) -> Option<u32> {
+    info.pages.iter().find(|(r, _)| *r == rank).map(|&(_, p)| p)
+}
+
+fn rank_pages(core: &Core, rank: u32) -> u32 {
+    let stats = core.stats();
+    stats.spaces[0].ranks.iter().find(|r| r.rank == rank).expect("rank exists").num_pages
+}
+
+/// What an allocation that evicts must still do: one entry per distinct key; cache hits answered
+/// with their page and never evicted by their own batch; fresh keys all served or none; every
+/// fresh page distinct and either free before or taken from an evicted key; every evicted key
+/// had a page on this rank, was evictable and was no cache hit of the batch.
+#[allow(clippy::too_many_arguments)]
+fn check_evicting(
+    core: &Core,
+    rank: u32,
+    keys: &[Key],
+    first: &[usize],
+    hits: &[Option<u32>],
+    free: &[u32],
+    universe: &[Key],
+    all_before: &[Option<KeyInfo>],
+    out: &[Allocation],
+) -> Result<(), String> {
+    let indices: Vec<usize> = out.iter().map(|a| a.index as usize).collect();
+    if indices != first {
+        return Err(format!("entries at {indices:?}, first occurrences {first:?}"));
+    }
+    let mut evicted_pages = BTreeSet::new();
+    for (k, before) in universe.iter().zip(all_before) {
+        let Some(before) = before.as_ref().filter(|b| !b.pages.is_empty()) else { continue };
+        let after = inspect(core, k);
+        let kept = after.as_ref().is_some_and(|a| a.pages == before.pages);
+        if kept {
+            continue;
+        }
+        if after.as_ref().is_some_and(|a| !a.pages.is_empty()) {
+            return Err(format!("{k:?} changed pages {:?} -> {:?} without being evicted", before.pages, after));
+        }
+        let Some(page) = page_on(before, rank) else {
+            return Err(format!("{k:?} was evicted but had no page on rank {rank}"));
+        };
+        if !before.evictable {
+            return Err(format!("{k:?} was evicted but was not evictable ({before:?})"));
+        }
+        if keys.contains(k) && hits[keys.iter().position(|x| x == k).unwrap()].is_some() {
+            return Err(format!("{k:?} was a cache hit of the batch and was evicted by it"));
+        }
+        evicted_pages.insert(page);
+    }
+    let mut served = BTreeSet::new();
+    let mut any_none = false;
+    let mut any_some = false;
+    for a in out {
+        let i = a.index as usize;
+        match hits[i] {
+            Some(p) => {
+                if (a.page, a.cached) != (Some(p), true) {
+                    return Err(format!("cache hit {:?} on page {p} answered {a:?}", keys[i]));
+                }
+            }
+            None => {
+                if a.cached {
+                    return Err(format!("{:?} is no cache hit but answered {a:?}", keys[i]));
+                }
+                match a.page {
+                    None => any_none = true,
+                    Some(p) => {
+                        any_some = true;
+                        if !served.insert(p) {
+                            return Err(format!("page {p} handed out twice"));
+                        }
+                        if !free.contains(&p) && !evicted_pages.contains(&p) {
+                            return Err(format!("page {p} was neither free nor evicted"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if any_none && any_some {
+        return Err("not all-or-nothing".into());
+    }
+    Ok(())
 }
 
 proptest! {

@@ -8,9 +8,13 @@
 //! size; no key appears twice in one batch; each page a rank got is confirmed or released
 //! once, by that rank; no release names a committed page; the clock never reaches the TTL.
 //!
-//! One rule is kvpages', not the peer's: when a key that already has a page on a rank is
+//! Two rules are kvpages', not the peer's: when a key that already has a page on a rank is
 //! confirmed there again with another page (two writers), the peer overwrites the location and
 //! leaks the old page; the model, like kvpages, keeps the first page and frees the second.
+//! And `delete` (the peer has none) frees a key's pages on every rank at once, as releases would.
+//!
+//! Runs under `common::peer_settings()` (`Eviction::Off`, no quarantine, no read lease): the
+//! settings under which kvpages promises the peer's replies.
 //!
 //! Replay with `KVPAGES_SEED=<seed> cargo test -p kvpages-core --test reference`.
 
@@ -134,6 +138,24 @@ impl Model {
         keys.iter().map(|k| if self.complete(k) { self.keys[k].get(&rank).copied() } else { None }).collect()
     }
 
+    /// kvpages' delete (the peer has none): every committed page of each distinct key goes to
+    /// its rank's tail, in rank order; reservations stay; keys with no committed page don't count.
+    fn delete(&mut self, keys: &[Key]) -> u32 {
+        let mut deleted = 0;
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].contains(k) {
+                continue;
+            }
+            if let Some(pages) = self.keys.remove(k) {
+                for (rank, page) in pages {
+                    self.ranks.get_mut(&rank).expect("initialized").free.push(page);
+                }
+                deleted += 1;
+            }
+        }
+        deleted
+    }
+
     fn clear(&mut self) -> Reply {
         let ranks = self.ranks.len() as u32;
         let keys = self.stored_keys();
@@ -148,6 +170,11 @@ impl Model {
             all.extend(r.reserved.values());
         }
         all.len() as u64
+    }
+
+    /// Keys with a committed page somewhere.
+    fn committed_keys(&self) -> u64 {
+        self.keys.len() as u64
     }
 
     fn counts(&self, rank: u32) -> PageCounts {
@@ -319,10 +346,18 @@ impl Diff {
                 }
                 Command::Exists { space, keys }
             }
-            870..990 => {
+            870..985 => {
                 let rank = self.random_rank();
                 let len = self.rng.index(12);
                 Command::Locations { space, rank, keys: self.distinct_keys(len) }
+            }
+            985..990 => {
+                let len = 1 + self.rng.index(4);
+                let mut keys = self.distinct_keys(len);
+                if self.rng.chance(20) {
+                    keys.push(keys[0].clone()); // a repeated key counts once
+                }
+                Command::Delete { space, keys }
             }
             990..998 => {
                 let rank = self.random_rank();
@@ -346,6 +381,7 @@ impl Diff {
             }
             Command::Exists { keys, .. } => Reply::Exists(self.model.exists(keys)),
             Command::Locations { rank, keys, .. } => Reply::Locations(self.model.locations(*rank, keys)),
+            Command::Delete { keys, .. } => Reply::Deleted(self.model.delete(keys)),
             Command::Clear { .. } => self.model.clear(),
             other => unreachable!("the driver does not send {other:?}"),
         }
@@ -367,6 +403,12 @@ impl Diff {
                 }
             }
         }
+        if let Command::Delete { keys, .. } = &cmd {
+            // A deleted key's cache hits are gone: confirming them again would be refused.
+            for hits in self.hits.values_mut() {
+                hits.retain(|(k, _)| !keys.contains(k));
+            }
+        }
         if let Err(e) = self.core.check_invariants() {
             self.fail(&cmd, &format!("invariant violated: {e}"));
         }
@@ -381,8 +423,15 @@ impl Diff {
             }
             return;
         };
-        if sp.keys != self.model.stored_keys() {
-            self.fail(cmd, &format!("core stores {} keys, the reference {}", sp.keys, self.model.stored_keys()));
+        let (committed, stored) = (self.model.committed_keys(), self.model.stored_keys());
+        if (sp.keys, sp.keys + sp.pending_keys) != (committed, stored) {
+            self.fail(
+                cmd,
+                &format!(
+                    "core stores {} keys with pages and {} pending, the reference {committed} of {stored}",
+                    sp.keys, sp.pending_keys
+                ),
+            );
         }
         let ranks: Vec<u32> = sp.ranks.iter().map(|r| r.rank).collect();
         if ranks != self.ranks() || (sp.world_size != ranks.len() as u32 && self.core.settings().world_size.is_none()) {
@@ -456,6 +505,7 @@ fn run(seed: u64, strict: bool) {
         ("misses", t.misses),
         ("committed", t.committed),
         ("released", t.released),
+        ("deleted", t.deleted),
     ] {
         assert!(n > 0, "reference seed {seed:#x} ({mode}): the run never produced {name} ({t:?})");
     }
@@ -478,6 +528,7 @@ fn add(total: &mut Counters, c: &Counters) {
     total.ignored_releases += c.ignored_releases;
     total.expired_reservations += c.expired_reservations;
     total.dropped_keys += c.dropped_keys;
+    total.deleted += c.deleted;
 }
 
 /// The model itself on the notes' examples, so a wrong model cannot agree with a wrong core.
@@ -497,4 +548,7 @@ fn the_reference_model_follows_the_notes() {
     assert_eq!(a.iter().map(|a| a.page).collect::<Vec<_>>(), vec![Some(0), None, None]);
     assert_eq!(m.ranks[&0].free, vec![1, 2]);
     assert_eq!(m.exists(&[k("a"), k("c")]), vec![true, false]);
+    assert_eq!(m.delete(&[k("a"), k("zz"), k("a")]), 1);
+    assert_eq!(m.ranks[&0].free, vec![1, 2, 0]);
+    assert_eq!(m.exists(&[k("a")]), vec![false]);
 }

@@ -1,28 +1,48 @@
 //! Seeded random scenarios over valid and invalid input, with the invariant checker after
 //! every step.
 //!
+//! Every seed runs twice: under the peer's settings (`Eviction::Off`, no quarantine, no read
+//! lease) and under random settings of kvpages' own (LRU eviction with watermarks, read leases,
+//! quarantine, small pools so eviction runs all the time). Besides the core's own invariants,
+//! the test keeps one of its own: **a leased page is never reassigned**. Every `(rank, page,
+//! key)` returned by `get_locations` or as an allocate cache hit is tracked with its lease end;
+//! while the lease runs, the page stays committed to that key or (deleted, evicted, dropped)
+//! quarantined — never free, never handed out again.
+//!
 //! Replay a failure with `KVPAGES_SEED=<seed> cargo test -p kvpages-core --test scenario`
 //! (`KVPAGES_STEPS` sets the step count of that seed). The seed is printed at the start.
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use common::{Rng, Snapshot, check_conservation, hex_key, refused_cleanly, snapshot};
-use kvpages_core::{Command, Core, Counters, Key, Millis, Reply, Settings, Space};
+use common::{Rng, Snapshot, check_conservation, expired_at, hex_key, peer_settings, refused_cleanly, snapshot};
+use kvpages_core::{Command, Core, Counters, Eviction, InitOutcome, Key, KeyInfo, Millis, Reply, Settings, Space};
 
 const DEFAULT_SEED: u64 = 0x6b76_7061_6765_7301;
 const FIXED_SEEDS: [u64; 3] = [1, 0xdead_beef, 20_250_101];
-const MAIN_STEPS: u64 = 100_000;
-const EXTRA_STEPS: u64 = 20_000;
+const MAIN_STEPS: u64 = 60_000;
+const EXTRA_STEPS: u64 = 15_000;
 
 const RANKS: u32 = 3;
-const SIZES: [u32; 4] = [8, 16, 32, 64];
+const PEER_SIZES: [u32; 4] = [8, 16, 32, 64];
+/// Small pools under kvpages' settings, so eviction runs all the time.
+const OUR_SIZES: [u32; 5] = [4, 8, 12, 16, 24];
 const UNIVERSE: u64 = 100;
 const PENDING_CAP: usize = 256;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The peer's behaviour: `common::peer_settings()`, only the TTL varies.
+    Peer,
+    /// kvpages' own: random leases, quarantine, eviction policy and watermarks.
+    Ours,
+}
+
 struct Scenario {
     seed: u64,
+    mode: Mode,
     step: u64,
     rng: Rng,
     core: Core,
@@ -31,20 +51,39 @@ struct Scenario {
     universe: Vec<Key>,
     /// Recent allocations `(rank, key, page)`, to build confirms that mostly match.
     pending: Vec<(u32, Key, u32)>,
+    /// The last allocation's rank and keys: like vLLM, every rank saves the same blocks.
+    last_batch: Option<(u32, Vec<Key>)>,
+    /// Keys of recent allocations, so lookups and deletes often name stored keys.
+    recent: Vec<Key>,
+    /// Read leases handed out: `(rank, page, key)` → end of the lease the reply promised.
+    leases: BTreeMap<(u32, u32, Key), Millis>,
     /// Counters of the spaces that `Clear` dropped, so coverage survives a clear.
     cleared: Counters,
+    /// Leases checked while still running (coverage of the leased-page invariant).
+    leases_checked: u64,
+    /// Leased pages found quarantined after their key lost them (delete, eviction, drop).
+    leased_quarantined: u64,
 }
 
 impl Scenario {
-    fn new(seed: u64) -> Scenario {
+    fn new(seed: u64, mode: Mode) -> Scenario {
         let mut rng = Rng::new(seed);
         let world_size = *rng.pick(&[None, None, Some(2), Some(3)]);
-        let settings = Settings { reservation_ttl: *rng.pick(&[200, 1_000, 5_000]), world_size, ..Settings::default() };
+        let reservation_ttl = *rng.pick(&[200, 1_000, 5_000]);
+        let settings = match mode {
+            Mode::Peer => Settings { reservation_ttl, world_size, ..peer_settings() },
+            Mode::Ours => {
+                let mut s = Settings { reservation_ttl, world_size, ..Settings::default() };
+                randomize(&mut rng, &mut s);
+                s
+            }
+        };
         let universe = (0..UNIVERSE)
             .map(|i| if i % 4 == 3 { Key::parse(&format!("k-{i}")).unwrap() } else { hex_key(i) })
             .collect();
         Scenario {
             seed,
+            mode,
             step: 0,
             rng,
             core: Core::new(seed, settings),
@@ -52,17 +91,39 @@ impl Scenario {
             settings,
             universe,
             pending: Vec::new(),
+            last_batch: None,
+            recent: Vec::new(),
+            leases: BTreeMap::new(),
             cleared: Counters::default(),
+            leases_checked: 0,
+            leased_quarantined: 0,
         }
     }
 
     fn fail(&self, cmd: &Command, msg: &str) -> ! {
-        panic!("scenario seed {:#x} step {}: {msg}\n  at now={} command {cmd:?}", self.seed, self.step, self.now)
+        panic!(
+            "scenario seed {:#x} ({:?}) step {}: {msg}\n  at now={} command {cmd:?}\n  settings {:?}\n  replay: KVPAGES_SEED={:#x}",
+            self.seed, self.mode, self.step, self.now, self.settings, self.seed
+        )
     }
 
     fn random_key(&mut self) -> Key {
         let i = self.rng.index(self.universe.len());
         self.universe[i].clone()
+    }
+
+    /// Half the time a key of a recent allocation.
+    fn likely_key(&mut self) -> Key {
+        if !self.recent.is_empty() && self.rng.chance(50) {
+            self.recent[self.rng.index(self.recent.len())].clone()
+        } else {
+            self.random_key()
+        }
+    }
+
+    fn random_keys(&mut self, max: usize) -> Vec<Key> {
+        let len = self.rng.index(max + 1);
+        (0..len).map(|_| self.likely_key()).collect()
     }
 
     fn random_rank(&mut self) -> u32 {
@@ -87,26 +148,46 @@ impl Scenario {
         sp.ranks.iter().find(|r| r.rank == rank).map(|r| r.num_pages)
     }
 
+    fn ranks(&self) -> Vec<u32> {
+        self.core.stats().spaces.first().map_or(vec![], |s| s.ranks.iter().map(|r| r.rank).collect())
+    }
+
+    /// `Inspect` (a pure read, checked as such by every step that sends one).
+    fn inspect(&mut self, key: &Key) -> Option<KeyInfo> {
+        match self.core.apply(self.now, &Command::Inspect { space: Space::Vllm, key: key.clone() }) {
+            Ok(Reply::Key(info)) => info.map(|b| *b),
+            other => panic!("scenario seed {:#x} step {}: inspect answered {other:?}", self.seed, self.step),
+        }
+    }
+
     fn next_command(&mut self) -> Command {
         let space = Space::Vllm;
         let roll = self.rng.below(1000);
         match roll {
             0..25 => {
                 let rank = self.random_rank();
+                let sizes: &[u32] = if self.mode == Mode::Peer { &PEER_SIZES } else { &OUR_SIZES };
                 let num_pages = match self.num_pages(rank) {
                     _ if self.rng.chance(2) => 0,
                     Some(n) if self.rng.chance(85) => n,
-                    _ => *self.rng.pick(&SIZES),
+                    _ => *self.rng.pick(sizes),
                 };
                 Command::Initialize { space, rank, num_pages }
             }
-            25..400 => {
+            25..390 if self.last_batch.is_some() && self.rng.chance(45) => {
+                // The same blocks on the next rank, as vLLM's workers save them.
+                let (rank, keys) = self.last_batch.clone().unwrap();
+                Command::Allocate { space, rank: (rank + 1) % RANKS, keys }
+            }
+            25..390 => {
                 let rank = self.random_rank();
                 let len = *self.rng.pick(&[0, 1, 1, 1, 2, 3, 4, 6, 8, 12]);
                 let mut keys: Vec<Key> = Vec::with_capacity(len);
                 for _ in 0..len {
                     let k = if !keys.is_empty() && self.rng.chance(15) {
                         keys[self.rng.index(keys.len())].clone()
+                    } else if self.rng.chance(30) {
+                        self.likely_key()
                     } else {
                         self.random_key()
                     };
@@ -114,21 +195,24 @@ impl Scenario {
                 }
                 Command::Allocate { space, rank, keys }
             }
-            400..760 => self.random_confirm(),
-            760..860 => {
-                let len = self.rng.index(20);
-                Command::Exists { space, keys: (0..len).map(|_| self.random_key()).collect() }
-            }
-            860..960 => {
+            390..730 => self.random_confirm(),
+            730..810 => Command::Exists { space, keys: self.random_keys(19) },
+            810..910 => {
                 let rank = self.random_rank();
-                let len = self.rng.index(20);
-                Command::Locations { space, rank, keys: (0..len).map(|_| self.random_key()).collect() }
+                Command::Locations { space, rank, keys: self.random_keys(19) }
             }
-            960..963 => Command::Clear { space },
-            963..968 => {
-                // The TTL may change mid-run (the command log replays old settings); the TP
+            910..935 => Command::Delete { space, keys: self.random_keys(4) },
+            935..955 => Command::Inspect { space, key: self.likely_key() },
+            955..958 => Command::Clear { space },
+            958..965 => {
+                // Settings may change mid-run (the command log replays old settings); the TP
                 // world does not, since a running deployment cannot change its TP size.
                 self.settings.reservation_ttl = *self.rng.pick(&[0, 50, 200, 1_000, 5_000]);
+                if self.mode == Mode::Ours {
+                    let mut s = self.settings;
+                    randomize(&mut self.rng, &mut s);
+                    self.settings = s;
+                }
                 Command::Configure(self.settings)
             }
             _ => Command::Stats,
@@ -186,10 +270,12 @@ impl Scenario {
     }
 
     fn advance_clock(&mut self) {
+        let s = self.settings;
+        let longest = s.reservation_ttl.max(s.read_lease).max(s.quarantine).max(1);
         self.now += match self.rng.below(100) {
-            0..60 => 0,
-            60..97 => self.rng.below(40),
-            _ => self.rng.below(3 * self.settings.reservation_ttl.max(1)),
+            0..55 => 0,
+            55..97 => self.rng.below(40),
+            _ => self.rng.below(3 * longest),
         };
     }
 
@@ -200,7 +286,20 @@ impl Scenario {
             let c = self.counters();
             add(&mut self.cleared, &c);
         }
-        let before: Option<Core> = cmd.is_mutating().then(|| self.core.clone());
+        // What the step needs to know about the state before the command.
+        let deleted_before: Option<Vec<Option<KeyInfo>>> = match &cmd {
+            Command::Delete { keys, .. } => Some(keys.iter().map(|k| self.inspect(k)).collect()),
+            _ => None,
+        };
+        let universe_before: Option<Vec<Option<KeyInfo>>> = match &cmd {
+            Command::Allocate { .. } if self.settings.eviction == Eviction::Lru => {
+                let u = self.universe.clone();
+                Some(u.iter().map(|k| self.inspect(k)).collect())
+            }
+            _ => None,
+        };
+        let counters_before = self.counters();
+        let before: Option<Core> = (cmd.is_mutating() || matches!(cmd, Command::Stats)).then(|| self.core.clone());
         let before_snapshot: Option<Snapshot> = (!cmd.is_mutating()).then(|| snapshot(&self.core));
         let (now, core) = (self.now, &mut self.core);
         let reply = match catch_unwind(AssertUnwindSafe(|| core.apply(now, &cmd))) {
@@ -217,27 +316,49 @@ impl Scenario {
         if let Err(e) = check_conservation(&self.core) {
             self.fail(&cmd, &format!("page conservation: {e}"));
         }
-        if let Some(s) = before_snapshot
-            && snapshot(&self.core) != s
-        {
-            self.fail(&cmd, "a read changed the state");
+        if let Some(s) = before_snapshot {
+            // Reads change nothing; `Stats` lets the clock act first, and nothing else.
+            let want = match (&cmd, &before) {
+                (Command::Stats, Some(b)) => expired_at(b, now),
+                _ => s,
+            };
+            if snapshot(&self.core) != want {
+                self.fail(&cmd, "a read changed the state");
+            }
         }
         match &reply {
             Err(e) => {
                 // (A refused read was checked above like every read.)
                 if let Some(before) = before
+                    && cmd.is_mutating()
                     && !refused_cleanly(&before, &self.core, now)
                 {
                     self.fail(&cmd, &format!("refused with {e:?} but changed the state"));
                 }
             }
-            Ok(r) => self.check_reply(&cmd, r),
+            Ok(r) => {
+                self.check_reply(&cmd, r, deleted_before, universe_before, counters_before);
+            }
         }
+        self.check_leases(&cmd);
     }
 
-    fn check_reply(&mut self, cmd: &Command, reply: &Reply) {
+    fn check_reply(
+        &mut self,
+        cmd: &Command,
+        reply: &Reply,
+        deleted_before: Option<Vec<Option<KeyInfo>>>,
+        universe_before: Option<Vec<Option<KeyInfo>>>,
+        counters_before: Counters,
+    ) {
         match (cmd, reply) {
             (Command::Allocate { rank, keys, .. }, Reply::Allocated(out)) => {
+                self.last_batch = Some((*rank, keys.clone()));
+                self.recent.extend(keys.iter().cloned());
+                if self.recent.len() > 40 {
+                    let extra = self.recent.len() - 40;
+                    self.recent.drain(..extra);
+                }
                 let mut first = Vec::new();
                 for (i, k) in keys.iter().enumerate() {
                     if !keys[..i].contains(k) {
@@ -258,14 +379,27 @@ impl Scenario {
                 if pages.len() != fresh.iter().flatten().count() {
                     self.fail(cmd, &format!("one page handed out twice: {out:?}"));
                 }
+                // A leased page is never reassigned: no fresh page may be one a reader still holds.
+                for &p in &pages {
+                    let now = self.now;
+                    if let Some(((_, _, k), end)) =
+                        self.leases.iter().find(|((r, page, _), end)| *r == *rank && *page == p && **end > now)
+                    {
+                        self.fail(cmd, &format!("page {p} handed out while {k:?} holds a lease on it until {end}"));
+                    }
+                }
+                let read_lease = self.core.settings().read_lease;
                 for a in out {
                     let k = &keys[a.index as usize];
                     if a.cached {
-                        let loc = Command::Locations { space: Space::Vllm, rank: *rank, keys: vec![k.clone()] };
-                        let got = self.core.apply(self.now, &loc);
-                        if got != Ok(Reply::Locations(vec![a.page])) {
-                            self.fail(cmd, &format!("cache hit {a:?} but get_locations says {got:?}"));
+                        // Still its page after the batch: a cache hit is never evicted by its batch.
+                        let info = self.inspect(k);
+                        let ok =
+                            info.as_ref().is_some_and(|i| i.complete && i.pages.contains(&(*rank, a.page.unwrap())));
+                        if !ok {
+                            self.fail(cmd, &format!("cache hit {a:?} but inspect says {info:?}"));
                         }
+                        self.lease(*rank, a.page.unwrap(), k, read_lease);
                     } else if let Some(p) = a.page {
                         self.pending.push((*rank, k.clone(), p));
                     }
@@ -273,6 +407,9 @@ impl Scenario {
                 if self.pending.len() > PENDING_CAP {
                     let extra = self.pending.len() - PENDING_CAP;
                     self.pending.drain(..extra);
+                }
+                if let Some(before) = universe_before {
+                    self.check_evictions(cmd, *rank, keys, out, &before, counters_before);
                 }
             }
             (Command::Exists { keys, .. }, Reply::Exists(flags)) => {
@@ -282,49 +419,242 @@ impl Scenario {
                 // A complete key has a page on every rank of the world.
                 let world: Vec<u32> = match self.settings.world_size {
                     Some(n) => (0..n).collect(),
-                    None => {
-                        self.core.stats().spaces.first().map_or(vec![], |s| s.ranks.iter().map(|r| r.rank).collect())
-                    }
+                    None => self.ranks(),
                 };
-                let complete: Vec<Key> = keys.iter().zip(flags).filter(|(_, f)| **f).map(|(k, _)| k.clone()).collect();
-                if complete.is_empty() {
-                    return;
-                }
-                for rank in world {
-                    let loc = Command::Locations { space: Space::Vllm, rank, keys: complete.clone() };
-                    match self.core.apply(self.now, &loc) {
-                        Ok(Reply::Locations(v)) if v.iter().all(Option::is_some) => {}
-                        other => self.fail(cmd, &format!("complete keys {complete:?}, rank {rank} answers {other:?}")),
+                for (k, &flag) in keys.iter().zip(flags) {
+                    let info = self.inspect(k);
+                    let complete = info.as_ref().is_some_and(|i| i.complete);
+                    if complete != flag {
+                        self.fail(cmd, &format!("exists says {flag} for {k:?}, inspect {info:?}"));
+                    }
+                    if flag {
+                        let ranks: Vec<u32> = info.unwrap().pages.iter().map(|p| p.0).collect();
+                        if ranks != world {
+                            self.fail(cmd, &format!("complete key {k:?} has pages on {ranks:?}, world {world:?}"));
+                        }
                     }
                 }
             }
-            (Command::Locations { keys, .. }, Reply::Locations(v)) if v.len() != keys.len() => {
-                self.fail(cmd, "get_locations answered the wrong number of pages")
+            (Command::Locations { rank, keys, .. }, Reply::Locations(v)) => {
+                if v.len() != keys.len() {
+                    self.fail(cmd, "get_locations answered the wrong number of pages");
+                }
+                let read_lease = self.core.settings().read_lease;
+                for (k, &page) in keys.iter().zip(v) {
+                    let info = self.inspect(k);
+                    let want = info
+                        .as_ref()
+                        .filter(|i| i.complete)
+                        .and_then(|i| i.pages.iter().find(|(r, _)| r == rank).map(|&(_, p)| p));
+                    if page != want {
+                        self.fail(cmd, &format!("get_locations says {page:?} for {k:?}, inspect {info:?}"));
+                    }
+                    if let Some(p) = page {
+                        if read_lease > 0 && info.as_ref().is_some_and(|i| i.lease_remaining < read_lease) {
+                            self.fail(cmd, &format!("{k:?} was just read but its lease is {info:?}"));
+                        }
+                        self.lease(*rank, p, k, read_lease);
+                    }
+                }
             }
-            (Command::Clear { .. }, Reply::Cleared { .. }) if !self.core.stats().spaces.is_empty() => {
-                self.fail(cmd, "clear left a space behind")
+            (Command::Delete { keys, .. }, Reply::Deleted(n)) => {
+                let before = deleted_before.expect("inspected before the delete");
+                let mut want = 0;
+                for (i, (k, info)) in keys.iter().zip(&before).enumerate() {
+                    if !keys[..i].contains(k) && info.as_ref().is_some_and(|i| !i.pages.is_empty()) {
+                        want += 1;
+                    }
+                }
+                if *n != want {
+                    self.fail(cmd, &format!("deleted {n}, {want} of the keys had pages"));
+                }
+                for k in keys {
+                    let info = self.inspect(k);
+                    if info.as_ref().is_some_and(|i| !i.pages.is_empty()) {
+                        self.fail(cmd, &format!("{k:?} still has pages after delete: {info:?}"));
+                    }
+                }
+            }
+            (Command::Inspect { key, .. }, Reply::Key(info)) => {
+                let exists =
+                    match self.core.apply(self.now, &Command::Exists { space: Space::Vllm, keys: vec![key.clone()] }) {
+                        Ok(Reply::Exists(v)) => v[0],
+                        other => self.fail(cmd, &format!("exists answered {other:?}")),
+                    };
+                if info.as_ref().is_some_and(|i| i.complete) != exists {
+                    self.fail(cmd, &format!("inspect {info:?} but exists says {exists}"));
+                }
+                if let Some(i) = info {
+                    let mut ranks: Vec<u32> = i.pages.iter().map(|p| p.0).collect();
+                    ranks.dedup();
+                    if ranks.len() != i.pages.len() || !ranks.is_sorted() {
+                        self.fail(cmd, &format!("pages not in rank order: {i:?}"));
+                    }
+                    if i.pages.is_empty() && i.reservations == 0 {
+                        self.fail(cmd, &format!("a stored key holds nothing: {i:?}"));
+                    }
+                    if i.evictable && i.lease_remaining > 0 {
+                        self.fail(cmd, &format!("a leased key is evictable: {i:?}"));
+                    }
+                }
+            }
+            (Command::Initialize { rank, .. }, Reply::Initialized { outcome: InitOutcome::Recreated { .. }, .. }) => {
+                // The rank's file layout changed: its old page numbers mean nothing any more.
+                self.leases.retain(|(r, _, _), _| r != rank);
+            }
+            (Command::Clear { .. }, Reply::Cleared { .. }) => {
+                if !self.core.stats().spaces.is_empty() {
+                    self.fail(cmd, "clear left a space behind")
+                }
+                self.leases.clear();
             }
             _ => {}
         }
     }
+
+    /// Records a lease the reply promised (none when leases are off).
+    fn lease(&mut self, rank: u32, page: u32, key: &Key, duration: Millis) {
+        if duration == 0 {
+            return;
+        }
+        let end = self.now + duration;
+        let e = self.leases.entry((rank, page, key.clone())).or_insert(end);
+        *e = (*e).max(end);
+    }
+
+    /// An allocation that evicted keys: each evicted key had a page on this rank, was evictable
+    /// and held no lease, was no cache hit of the batch; the counter counts exactly them.
+    fn check_evictions(
+        &mut self,
+        cmd: &Command,
+        rank: u32,
+        keys: &[Key],
+        out: &[kvpages_core::Allocation],
+        before: &[Option<KeyInfo>],
+        counters_before: Counters,
+    ) {
+        let hits: BTreeSet<&Key> = out.iter().filter(|a| a.cached).map(|a| &keys[a.index as usize]).collect();
+        let mut evicted = 0;
+        let u = self.universe.clone();
+        for (k, b) in u.iter().zip(before) {
+            let Some(b) = b.as_ref().filter(|b| !b.pages.is_empty()) else { continue };
+            let after = self.inspect(k);
+            if after.as_ref().is_some_and(|a| a.pages == b.pages) {
+                continue;
+            }
+            if after.as_ref().is_some_and(|a| !a.pages.is_empty()) {
+                self.fail(cmd, &format!("{k:?} changed pages {:?} -> {after:?} without being evicted", b.pages));
+            }
+            evicted += 1;
+            if !b.pages.iter().any(|p| p.0 == rank) {
+                self.fail(cmd, &format!("{k:?} evicted for rank {rank}, where it had no page ({b:?})"));
+            }
+            if !b.evictable || b.lease_remaining > 0 {
+                self.fail(cmd, &format!("{k:?} evicted but it was not evictable: {b:?}"));
+            }
+            if hits.contains(k) {
+                self.fail(cmd, &format!("{k:?} reported cached and evicted by the same batch"));
+            }
+        }
+        let counted = self.counters().evictions - counters_before.evictions;
+        if counted != evicted {
+            self.fail(cmd, &format!("{evicted} keys lost their pages, evictions counter moved by {counted}"));
+        }
+    }
+
+    /// The leased-page invariant, after every step: every running lease's page is still
+    /// committed to its key (which then is not evictable and has at least that much lease
+    /// left), or else quarantined: not free, and (checked at allocation) never handed out.
+    fn check_leases(&mut self, cmd: &Command) {
+        let now = self.now;
+        self.leases.retain(|_, end| *end > now);
+        if self.leases.is_empty() {
+            return;
+        }
+        let mut free: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        let mut quarantined: BTreeMap<u32, u32> = BTreeMap::new();
+        if let Some(sp) = self.core.stats().spaces.first() {
+            for r in &sp.ranks {
+                free.insert(r.rank, self.core.free_list(&Space::Vllm, r.rank).unwrap().into_iter().collect());
+                quarantined.insert(r.rank, r.pages.quarantined);
+            }
+        }
+        let mut displaced: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        let leases: Vec<((u32, u32, Key), Millis)> = self.leases.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for ((rank, page, key), end) in leases {
+            self.leases_checked += 1;
+            let Some(f) = free.get(&rank) else {
+                self.fail(cmd, &format!("rank {rank} vanished under a lease of {key:?} on page {page}"));
+            };
+            if f.contains(&page) {
+                self.fail(cmd, &format!("rank {rank} page {page} is free while {key:?} holds a lease until {end}"));
+            }
+            let info = self.inspect(&key);
+            match info.as_ref().filter(|i| i.pages.contains(&(rank, page))) {
+                Some(i) => {
+                    if i.evictable || i.lease_remaining < end - now {
+                        self.fail(cmd, &format!("{key:?} leased until {end} but inspect says {i:?}"));
+                    }
+                }
+                None => {
+                    displaced.entry(rank).or_default().insert(page);
+                }
+            }
+        }
+        for (rank, pages) in displaced {
+            self.leased_quarantined += pages.len() as u64;
+            let q = quarantined.get(&rank).copied().unwrap_or(0);
+            if pages.len() as u32 > q {
+                self.fail(
+                    cmd,
+                    &format!("rank {rank}: leased pages {pages:?} left their keys but only {q} pages are quarantined"),
+                );
+            }
+        }
+    }
 }
 
-fn run(seed: u64, steps: u64) {
-    println!("scenario seed {seed:#x}, {steps} steps (replay: KVPAGES_SEED={seed:#x})");
-    let mut s = Scenario::new(seed);
+/// Random lease, quarantine, eviction and watermark settings (kvpages' own).
+fn randomize(rng: &mut Rng, s: &mut Settings) {
+    s.read_lease = *rng.pick(&[0, 20, 100, 500, 2_000]);
+    s.quarantine = *rng.pick(&[0, 50, s.reservation_ttl, 2 * s.reservation_ttl]);
+    s.eviction = if rng.chance(80) { Eviction::Lru } else { Eviction::Off };
+    let (high, low) = *rng.pick(&[(950, 900), (950, 900), (1000, 1000), (800, 500), (700, 700)]);
+    s.evict_high_permille = high;
+    s.evict_low_permille = low;
+}
+
+fn run(seed: u64, mode: Mode, steps: u64) -> Scenario {
+    println!("scenario seed {seed:#x} ({mode:?}), {steps} steps (replay: KVPAGES_SEED={seed:#x})");
+    let mut s = Scenario::new(seed, mode);
     for step in 0..steps {
         s.step = step;
         s.step();
     }
-    println!("  counters over the run: {:?}", s.total_counters());
+    println!(
+        "  counters over the run: {:?}; {} running leases checked, {} leased pages seen quarantined",
+        s.total_counters(),
+        s.leases_checked,
+        s.leased_quarantined
+    );
+    s
 }
 
 #[test]
-fn random_scenarios_keep_every_invariant() {
+fn random_scenarios_keep_every_invariant_under_the_peer_settings() {
     let seeds = common::seeds(DEFAULT_SEED, &FIXED_SEEDS);
     for (i, &seed) in seeds.iter().enumerate() {
         let steps = if i == 0 { common::steps(MAIN_STEPS) } else { EXTRA_STEPS };
-        run(seed, steps);
+        run(seed, Mode::Peer, steps);
+    }
+}
+
+#[test]
+fn random_scenarios_keep_every_invariant_with_leases_quarantine_and_eviction() {
+    let seeds = common::seeds(DEFAULT_SEED, &FIXED_SEEDS);
+    for (i, &seed) in seeds.iter().enumerate() {
+        let steps = if i == 0 { common::steps(MAIN_STEPS) } else { EXTRA_STEPS };
+        run(seed, Mode::Ours, steps);
     }
 }
 
@@ -332,25 +662,39 @@ fn random_scenarios_keep_every_invariant() {
 #[test]
 fn random_scenarios_reach_every_rule() {
     for seed in [DEFAULT_SEED, FIXED_SEEDS[0], FIXED_SEEDS[1]] {
-        let mut s = Scenario::new(seed);
-        for step in 0..20_000 {
-            s.step = step;
-            s.step();
-        }
-        let t = s.total_counters();
-        for (name, n) in [
-            ("reserved", t.reserved),
-            ("cache_hits", t.cache_hits),
-            ("misses", t.misses),
-            ("committed", t.committed),
-            ("refused_confirms", t.refused_confirms),
-            ("superseded", t.superseded),
-            ("released", t.released),
-            ("ignored_releases", t.ignored_releases),
-            ("expired_reservations", t.expired_reservations),
-            ("dropped_keys", t.dropped_keys),
-        ] {
-            assert!(n > 0, "seed {seed:#x}: the scenario never produced {name} ({t:?})");
+        for mode in [Mode::Peer, Mode::Ours] {
+            let s = run(seed, mode, 15_000);
+            let t = s.total_counters();
+            let mut want = vec![
+                ("reserved", t.reserved),
+                ("cache_hits", t.cache_hits),
+                ("misses", t.misses),
+                ("committed", t.committed),
+                ("refused_confirms", t.refused_confirms),
+                ("superseded", t.superseded),
+                ("released", t.released),
+                ("ignored_releases", t.ignored_releases),
+                ("expired_reservations", t.expired_reservations),
+                ("dropped_keys", t.dropped_keys),
+                ("deleted", t.deleted),
+                ("location_hits", t.location_hits),
+                ("location_misses", t.location_misses),
+            ];
+            if mode == Mode::Ours {
+                want.extend([
+                    ("evictions", t.evictions),
+                    ("quarantined_pages", t.quarantined_pages),
+                    ("running leases checked", s.leases_checked),
+                    ("leased pages seen quarantined", s.leased_quarantined),
+                ]);
+            } else {
+                for (name, n) in [("evictions", t.evictions), ("quarantined_pages", t.quarantined_pages)] {
+                    assert_eq!(n, 0, "seed {seed:#x} (Peer): {name} under the peer's settings ({t:?})");
+                }
+            }
+            for (name, n) in want {
+                assert!(n > 0, "seed {seed:#x} ({mode:?}): the scenario never produced {name} ({t:?})");
+            }
         }
     }
 }
@@ -366,4 +710,9 @@ fn add(total: &mut Counters, c: &Counters) {
     total.ignored_releases += c.ignored_releases;
     total.expired_reservations += c.expired_reservations;
     total.dropped_keys += c.dropped_keys;
+    total.evictions += c.evictions;
+    total.deleted += c.deleted;
+    total.quarantined_pages += c.quarantined_pages;
+    total.location_hits += c.location_hits;
+    total.location_misses += c.location_misses;
 }

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use kvpages_core::{
-    Allocation, Command, ConfirmReport, Core, Error, InitOutcome, Key, Millis, PageCounts, Reply, Settings, Space,
-    Stats,
+    Allocation, Command, ConfirmReport, Core, Counters, Error, InitOutcome, Key, KeyInfo, Millis, PageCounts, Reply,
+    Settings, Space, Stats,
 };
 
 /// splitmix64: tiny, seedable, good enough to drive scenarios; every seed replays exactly.
@@ -187,6 +187,39 @@ impl Harness {
         self.try_locations(rank, ks).expect("get_locations")
     }
 
+    /// Deletes keys; returns how many had a committed page.
+    pub fn delete(&mut self, ks: &[&str]) -> u32 {
+        match self.apply(Command::Delete { space: Space::Vllm, keys: keys(ks) }).expect("delete") {
+            Reply::Deleted(n) => n,
+            other => panic!("delete answered {other:?}"),
+        }
+    }
+
+    /// Everything known about one key (a pure read).
+    pub fn inspect(&mut self, k: &str) -> Option<KeyInfo> {
+        match self.apply(Command::Inspect { space: Space::Vllm, key: key(k) }).expect("inspect") {
+            Reply::Key(info) => info.map(|b| *b),
+            other => panic!("inspect answered {other:?}"),
+        }
+    }
+
+    /// The `Stats` command (which lets the clock act first), the vLLM space's figures.
+    pub fn stats_cmd(&mut self) -> Stats {
+        match self.apply(Command::Stats).expect("stats") {
+            Reply::Stats(s) => *s,
+            other => panic!("stats answered {other:?}"),
+        }
+    }
+
+    /// The vLLM space's counters, as of the last command.
+    pub fn counters(&self) -> Counters {
+        self.stats().spaces.iter().find(|s| s.space == Space::Vllm).map(|s| s.counters).unwrap_or_default()
+    }
+
+    pub fn configure(&mut self, settings: Settings) {
+        assert_eq!(self.apply(Command::Configure(settings)), Ok(Reply::Configured));
+    }
+
     pub fn clear(&mut self) -> Reply {
         self.apply(Command::Clear { space: Space::Vllm }).expect("clear")
     }
@@ -257,13 +290,18 @@ pub fn refused_cleanly(before: &Core, after: &Core, now: Millis) -> bool {
     got == snapshot(before) || got == expired_at(before, now)
 }
 
-/// Checks free + reserved + committed = num_pages for every rank, from `stats()`.
+/// Checks free + reserved + committed + quarantined = num_pages and leased <= committed for
+/// every rank, from `stats()`, and that the free list holds exactly the free pages.
 pub fn check_conservation(core: &Core) -> Result<(), String> {
     for sp in core.stats().spaces {
         for r in sp.ranks {
             let p = r.pages;
-            if u64::from(p.free) + u64::from(p.reserved) + u64::from(p.committed) != u64::from(r.num_pages) {
+            let sum = u64::from(p.free) + u64::from(p.reserved) + u64::from(p.committed) + u64::from(p.quarantined);
+            if sum != u64::from(r.num_pages) {
                 return Err(format!("rank {}: {p:?} does not add up to {} pages", r.rank, r.num_pages));
+            }
+            if p.leased > p.committed {
+                return Err(format!("rank {}: {p:?} has more leased than committed pages", r.rank));
             }
             let listed = core.free_list(&sp.space, r.rank).expect("rank listed").len();
             if listed != p.free as usize {
