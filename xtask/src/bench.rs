@@ -229,6 +229,7 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
             .as_array()
             .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
             .unwrap_or_default()
+            .replace(&format!("{}/", root().display()), "")
     );
     let _ = writeln!(s, "Pool: {}.\n", load["pool"].as_str().unwrap_or(""));
     let peer = peer_name(load);
@@ -331,6 +332,7 @@ fn plots(load: &Value, core: &Value, docs: &Path) -> Result<()> {
     ratio_vs_concurrency(load, &docs.join("ratio_to_floor_vs_concurrency.svg")).map_err(|e| err("ratio", e))?;
     batch_size(load, &docs.join("batch_size.svg")).map_err(|e| err("batch size", e))?;
     core_pool_size(core, &docs.join("core_vs_pool_size.svg")).map_err(|e| err("core", e))?;
+    peer_ratio_vs_concurrency(load, &docs.join("kvpages_vs_peer.svg")).map_err(|e| err("peer", e))?;
     Ok(())
 }
 
@@ -356,38 +358,56 @@ fn concurrencies(load: &Value) -> Vec<u64> {
 }
 
 /// Lines over concurrency (log-2 x axis), one per (label, points) series; `log_y` for rates.
-fn concurrency_chart(path: &Path, title: &str, y_desc: &str, series: Vec<Series>, log_y: bool) -> Plot {
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+/// 1234 -> "1.2k", 3_400_000 -> "3.4M": readable log-axis labels.
+fn si(v: &f64) -> String {
+    let v = *v;
+    let (d, unit) = match v.abs() {
+        a if a >= 1e6 => (1e6, "M"),
+        a if a >= 1e3 => (1e3, "k"),
+        _ => (1.0, ""),
+    };
+    let x = v / d;
+    if (x - x.round()).abs() < 0.05 { format!("{x:.0}{unit}") } else { format!("{x:.1}{unit}") }
+}
+
+/// Side-by-side panels of lines over concurrency (log-2 x axis) sharing one y range;
+/// `log_y` for rates and latencies, linear for ratios.
+fn concurrency_chart(path: &Path, panels: Vec<(String, Vec<Series>)>, y_desc: &str, log_y: bool) -> Plot {
+    let width = 960 * panels.len().max(1) as u32;
+    let root = SVGBackend::new(path, (width.min(1800), 620)).into_drawing_area();
     root.fill(&WHITE)?;
-    let xs: Vec<u64> = series.iter().flat_map(|s| s.3.iter().map(|p| p.0)).collect();
-    let ys: Vec<f64> =
-        series.iter().flat_map(|s| s.3.iter().map(|p| p.1)).filter(|v| v.is_finite() && *v > 0.0).collect();
-    let (xmax, ymin, ymax) = (
-        xs.iter().copied().max().unwrap_or(1).max(2) as f64,
-        ys.iter().copied().fold(f64::INFINITY, f64::min),
-        ys.iter().copied().fold(0.0, f64::max),
-    );
-    let mut b = ChartBuilder::on(&root);
-    b.caption(title, ("sans-serif", 22)).margin(12).x_label_area_size(44).y_label_area_size(80);
-    let x_range = (0.8f64..xmax * 1.25).log_scale();
-    if log_y {
-        let mut chart = b.build_cartesian_2d(x_range, (ymin * 0.7..ymax * 1.5).log_scale())?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent connections")
-            .y_desc(y_desc)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()?;
-        draw_lines(&mut chart, &series)?;
-    } else {
-        let mut chart = b.build_cartesian_2d(x_range, 0.0..(ymax * 1.15).max(1.2))?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent connections")
-            .y_desc(y_desc)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()?;
-        draw_lines(&mut chart, &series)?;
+    let all: Vec<&Series> = panels.iter().flat_map(|p| p.1.iter()).collect();
+    let xmax = all.iter().flat_map(|s| s.3.iter().map(|p| p.0)).max().unwrap_or(1).max(2) as f64;
+    let ys: Vec<f64> = all.iter().flat_map(|s| s.3.iter().map(|p| p.1)).filter(|v| v.is_finite() && *v > 0.0).collect();
+    let (ymin, ymax) = (ys.iter().copied().fold(f64::INFINITY, f64::min), ys.iter().copied().fold(0.0, f64::max));
+    if !ymin.is_finite() {
+        return Ok(());
+    }
+    let areas = root.split_evenly((1, panels.len().max(1)));
+    for (area, (title, series)) in areas.iter().zip(&panels) {
+        let mut b = ChartBuilder::on(area);
+        b.caption(title, ("sans-serif", 20)).margin(12).x_label_area_size(44).y_label_area_size(70);
+        let x_range = (0.8f64..xmax * 1.25).log_scale();
+        if log_y {
+            let mut chart = b.build_cartesian_2d(x_range, (ymin * 0.5..ymax * 2.0).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc("concurrent connections")
+                .y_desc(y_desc)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&si)
+                .draw()?;
+            draw_lines(&mut chart, series)?;
+        } else {
+            let mut chart = b.build_cartesian_2d(x_range, 0.0..(ymax * 1.15).max(1.2))?;
+            chart
+                .configure_mesh()
+                .x_desc("concurrent connections")
+                .y_desc(y_desc)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .draw()?;
+            draw_lines(&mut chart, series)?;
+        }
     }
     root.present()?;
     Ok(())
@@ -408,41 +428,59 @@ fn draw_lines<'a, Y: Ranged<ValueType = f64>>(
         } else {
             chart.draw_series(LineSeries::new(pts.clone(), style))?
         };
-        s.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        if !label.is_empty() {
+            s.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        }
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .draw()?;
     Ok(())
 }
 
 fn throughput_vs_concurrency(load: &Value, path: &Path) -> Plot {
     let cs = concurrencies(load);
-    let mut series = Vec::new();
-    for (i, w) in workloads(load).iter().enumerate() {
-        let pts = cs.iter().filter_map(|&c| find(load, "kvpages", w, c).map(|r| (c, r.f("requests_per_s")))).collect();
-        series.push((w.clone(), color(i), false, pts));
-    }
+    let line = |target: &str, w: &str| -> Vec<(u64, f64)> {
+        cs.iter().filter_map(|&c| find(load, target, w, c).map(|r| (c, r.f("requests_per_s")))).collect()
+    };
+    let ws = workloads(load);
+    let mut panels = vec![(
+        "kvpages requests/s (dashed: the floor)".to_string(),
+        ws.iter()
+            .enumerate()
+            .flat_map(|(i, w)| {
+                [(w.clone(), color(i), false, line("kvpages", w)), (String::new(), color(i), true, line("floor", w))]
+            })
+            .collect::<Vec<_>>(),
+    )];
     if let Some(p) = peer_name(load) {
-        for (i, w) in workloads(load).iter().enumerate() {
-            let pts: Vec<_> =
-                cs.iter().filter_map(|&c| find(load, &p, w, c).map(|r| (c, r.f("requests_per_s")))).collect();
-            if !pts.is_empty() {
-                series.push((format!("{w} ({p})"), color(i), true, pts));
-            }
-        }
+        let series = ws.iter().enumerate().map(|(i, w)| (w.clone(), color(i), false, line(&p, w))).collect();
+        panels.push((format!("{p} requests/s (same scale)"), series));
     }
-    concurrency_chart(
-        path,
-        "kvpages requests/s vs concurrency (dashed: vLLM's Python server)",
-        "requests/s",
-        series,
-        true,
-    )
+    concurrency_chart(path, panels, "requests/s", true)
+}
+
+fn peer_ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
+    let Some(p) = peer_name(load) else { return Ok(()) };
+    let series = workloads(load)
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let pts = load["ratios"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["workload"].as_str() == Some(w.as_str()))
+                .filter_map(|r| Some((r["concurrency"].as_u64()?, r["vs_peer"].as_f64()?)))
+                .collect();
+            (w.clone(), color(i), false, pts)
+        })
+        .collect();
+    concurrency_chart(path, vec![(format!("kvpages requests/s ÷ {p}'s (same run)"), series)], "times faster", true)
 }
 
 fn latency_vs_concurrency(load: &Value, path: &Path) -> Plot {
@@ -454,7 +492,7 @@ fn latency_vs_concurrency(load: &Value, path: &Path) -> Plot {
             series.push((format!("{w} {}", &k[..3]), color(i), dashed, pts));
         }
     }
-    concurrency_chart(path, "kvpages latency per request vs concurrency (solid p50, dashed p99)", "µs", series, true)
+    concurrency_chart(path, vec![("kvpages latency per request (solid p50, dashed p99)".into(), series)], "µs", true)
 }
 
 fn ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
@@ -471,9 +509,8 @@ fn ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
     }
     concurrency_chart(
         path,
-        "kvpages requests/s ÷ transport-only floor (same run, same bodies)",
+        vec![("kvpages requests/s ÷ transport-only floor (same run, same bodies)".into(), series)],
         "ratio to floor",
-        series,
         false,
     )
 }
@@ -515,6 +552,7 @@ fn batch_size(load: &Value, path: &Path) -> Plot {
             .x_desc("keys per request")
             .y_desc(desc)
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&si)
             .draw()?;
         for (fi, (name, members)) in families.iter().enumerate() {
             for (ci, &c) in cs.iter().enumerate() {

@@ -16,8 +16,9 @@
 //! because the machine is small and shared and absolute numbers move from run to run.
 //!
 //! The allocating workloads never exhaust the 1,000,000-page pool: a round ends before its
-//! pages run out, and the server is cleared and rank 0 re-initialized (`/keys/delete` does not
-//! exist yet); that pause is not counted.
+//! pages run out, and the server is cleared and rank 0 re-initialized (rather than a
+//! `/keys/delete` per iteration, which would add a request to what is measured); that pause is
+//! not counted.
 //!
 //! - `workload`: the workloads, their server state and the per-connection loop.
 //! - `memory`: `--memory`, RSS per stored key and the cost of a 10^8-page rank.
@@ -397,7 +398,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
     };
     let pool = format!(
         "rank 0 of {} pages; allocating workloads clear the server and re-initialize rank 0 before a round \
-         would exhaust it (no /keys/delete yet), pauses not counted; lookups hit {} stored keys; pool-full: {} pages, all confirmed",
+         would exhaust it (a /keys/delete per iteration would add a request to every iteration), pauses not counted; lookups hit {} stored keys; pool-full: {} pages, all confirmed",
         workload::POOL_PAGES,
         workload::STORED_KEYS,
         workload::FULL_POOL_PAGES

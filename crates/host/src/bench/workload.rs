@@ -265,7 +265,8 @@ async fn store(c: &mut Client, keys: &[String]) -> Result<(), String> {
 }
 
 /// Rounds of the allocating workloads: the pool is never exhausted because a round ends before
-/// it would be (`/keys/delete` does not exist yet). The connection that finds the round's pages
+/// it would be (rather than a `/keys/delete` per iteration, which would add a request to what
+/// is measured). The connection that finds the round's pages
 /// used up waits for the others' iterations to finish, clears the server and re-initializes
 /// rank 0; that pause is left out of the measured time.
 #[derive(Debug)]
