@@ -42,7 +42,8 @@ pub enum Workload {
     /// batch_exists(32) → batch_allocate(16 new) → confirm_write(16) → get_locations(32).
     #[value(name = "save-load-cycle")]
     SaveLoadCycle,
-    /// batch_allocate of 32 keys on a full 1,024-page pool: every page -1 (no eviction yet).
+    /// batch_allocate of 32 keys on a full 1,024-page pool: every page -1 (a server with
+    /// eviction off, as vLLM's; the bench's own runs one for this workload).
     #[value(name = "pool-full")]
     PoolFull,
 }
