@@ -10,6 +10,7 @@
 //! - `routes::vllm`: vLLM's six routes: request bodies → [`kvpages_core::Command`] → replies.
 //! - [`bench`]: `kvpages bench`, the load generator (and its transport-only floor route).
 //! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
+//! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.
 //!
 //! Requests are parsed and validated outside the engine lock; the lock is held only while the
 //! core applies the command.
@@ -19,6 +20,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod metrics;
 mod routes;
 pub mod server;
 mod wire;

@@ -171,6 +171,7 @@ pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, St
         .route("/keys/delete", post(vllm::delete))
         .route("/health", get(admin::health))
         .route("/stats", get(admin::stats))
+        .route("/metrics", get(crate::metrics::handler))
         .route("/admin/keys/{key}", get(admin::inspect))
         .route("/admin/import/sglang", post(admin::import_sglang))
         .route("/admin/export/sglang", get(admin::export_sglang))
@@ -182,13 +183,16 @@ pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, St
         .with_state(app))
 }
 
-/// Logs each request (debug). Time bounds live where the waiting is: reading the body (408)
-/// and waiting for the engine (503), see `routes::handle_async`.
+/// Logs each request (debug) and counts it for `/metrics`. Time bounds live where the waiting
+/// is: reading the body (408) and waiting for the engine (503), see `routes::handle_async`.
 async fn guard(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let route =
+        crate::metrics::route_label(req.extensions().get::<axum::extract::MatchedPath>().map(|m| m.as_str()), &path);
     let start = Instant::now();
     let resp = next.run(req).await;
+    crate::metrics::record_request(&route, resp.status(), start.elapsed());
     tracing::debug!(%method, %path, status = resp.status().as_u16(), micros = start.elapsed().as_micros() as u64, "request");
     resp
 }
@@ -199,7 +203,11 @@ async fn not_found(method: Method, req: Request<Body>) -> Response {
 
 async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
     let path = req.uri().path();
-    let allowed = if path == "/health" || path == "/stats" || path.starts_with("/admin/") { "GET" } else { "POST" };
+    let allowed = if path == "/health" || path == "/stats" || path == "/metrics" || path.starts_with("/admin/") {
+        "GET"
+    } else {
+        "POST"
+    };
     let mut resp = ApiError::because(
         ErrorCode::MethodNotAllowed,
         format_args!("{} accepts {allowed}, not {method}", req.uri().path()),
