@@ -51,11 +51,17 @@ pub enum ErrorCode {
     Timeout,
     /// The engine failed (a fault of the server, never of the request).
     EngineFault,
+    /// `--allow` is set and the client's address is in none of its blocks.
+    AccessDenied,
+    /// `--admin-token` is set and a guarded route came without it (or with another one).
+    AdminTokenRequired,
+    /// `kvpages forward` could not reach the server.
+    UpstreamUnavailable,
 }
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -77,6 +83,9 @@ impl ErrorCode {
         ErrorCode::BodyTimeout,
         ErrorCode::Timeout,
         ErrorCode::EngineFault,
+        ErrorCode::AccessDenied,
+        ErrorCode::AdminTokenRequired,
+        ErrorCode::UpstreamUnavailable,
     ];
 
     /// The HTTP status.
@@ -102,6 +111,9 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Timeout | ErrorCode::EngineFault => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::AccessDenied => StatusCode::FORBIDDEN,
+            ErrorCode::AdminTokenRequired => StatusCode::UNAUTHORIZED,
+            ErrorCode::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -132,6 +144,9 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "Request body too large: the limit is {limit} bytes (--max-body)",
             ErrorCode::Timeout => "Request timed out after {seconds} s (--request-timeout)",
             ErrorCode::EngineFault => "Engine unavailable",
+            ErrorCode::AccessDenied => "Forbidden: client address not allowed (--allow)",
+            ErrorCode::AdminTokenRequired => "Unauthorized: this route needs the admin token (--admin-token)",
+            ErrorCode::UpstreamUnavailable => "kvpages forward: the metadata server is unreachable",
         }
     }
 
@@ -159,6 +174,9 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "body-too-large",
             ErrorCode::Timeout => "timeout",
             ErrorCode::EngineFault => "engine-fault",
+            ErrorCode::AccessDenied => "access-denied",
+            ErrorCode::AdminTokenRequired => "admin-token-required",
+            ErrorCode::UpstreamUnavailable => "upstream-unavailable",
         }
     }
 }
@@ -266,6 +284,9 @@ mod tests {
             ErrorCode::BodyTimeout => 18,
             ErrorCode::Timeout => 19,
             ErrorCode::EngineFault => 20,
+            ErrorCode::AccessDenied => 21,
+            ErrorCode::AdminTokenRequired => 22,
+            ErrorCode::UpstreamUnavailable => 23,
         }
     }
 

@@ -36,6 +36,9 @@ pub enum Cmd {
     ImportSglang(ImportArgs),
     /// Write a running server's SGLang pools in SGLang's persistence format (for rollback).
     ExportSglang(ExportArgs),
+    /// Forward a local port (vLLM dials localhost:18000) to the one metadata server of a
+    /// multi-node deployment.
+    Forward(crate::forward::ForwardArgs),
 }
 
 /// Flags of `kvpages import-sglang`.
@@ -65,6 +68,17 @@ pub struct QueryArgs {
     /// The server's URL (loopback only).
     #[arg(long, env = "KVPAGES_URL", default_value = "http://127.0.0.1:18000")]
     pub url: String,
+    /// The server's `--admin-token`, sent as `Authorization: Bearer TOKEN` (needed by inspect,
+    /// import-sglang and export-sglang when the server has one).
+    #[arg(long, env = "KVPAGES_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+impl QueryArgs {
+    async fn connect(&self) -> Result<crate::client::Client, String> {
+        let client = crate::client::Client::connect_url(&self.url).await.map_err(|e| format!("{}: {e}", self.url))?;
+        client.bearer(self.admin_token.as_deref()).map_err(|e| format!("--admin-token: {e}"))
+    }
 }
 
 /// Flags of `kvpages inspect`.
@@ -125,6 +139,15 @@ pub struct ServeArgs {
     /// is refused).
     #[arg(long, env = "KVPAGES_IMPORT_SGLANG")]
     pub import_sglang: Option<std::path::PathBuf>,
+    /// Serve only clients whose address is in one of these blocks (comma-separated CIDRs, e.g.
+    /// 127.0.0.1/32,10.0.0.0/8); others get 403. Default: every client that reaches the port.
+    #[arg(long, env = "KVPAGES_ALLOW", value_parser = crate::access::parse_allow)]
+    pub allow: Option<Vec<crate::access::Cidr>>,
+    /// Require `Authorization: Bearer TOKEN` for /clear, /keys/delete, SGLang's clear and
+    /// delete_keys, and /admin/* (401 without it). Prefer the environment variable: a flag's value
+    /// is visible to every user in `ps`.
+    #[arg(long, env = "KVPAGES_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Log filter (tracing's env-filter syntax): error, warn, info, debug (one line per request).
     #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
     pub log: String,
@@ -186,12 +209,19 @@ impl ServeArgs {
                 evict_high_permille: (self.evict_high * 1000.0).round() as u16,
                 evict_low_permille: (self.evict_low * 1000.0).round() as u16,
             },
+            access: crate::access::Access {
+                allow: self.allow.clone(),
+                admin_token: match self.admin_token.as_deref() {
+                    Some("") => return Err("--admin-token is empty".into()),
+                    t => t.map(Into::into),
+                },
+            },
             bench_floor: false,
         })
     }
 }
 
-fn init_logging(filter: &str) -> Result<(), String> {
+pub(crate) fn init_logging(filter: &str) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| format!("--log '{filter}': {e}"))?;
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
@@ -209,10 +239,11 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Serve(args) => serve(args),
         Cmd::Bench(args) => crate::bench::main(args),
-        Cmd::Stats(args) => query(&args.url, "/stats".to_owned()),
-        Cmd::Inspect(args) => query(&args.server.url, format!("/admin/keys/{}", percent_encode(&args.key))),
+        Cmd::Stats(args) => query(&args, "/stats".to_owned()),
+        Cmd::Inspect(args) => query(&args.server, format!("/admin/keys/{}", percent_encode(&args.key))),
         Cmd::ImportSglang(args) => import_sglang(&args),
         Cmd::ExportSglang(args) => export_sglang(&args),
+        Cmd::Forward(args) => crate::forward::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -262,10 +293,11 @@ fn random_seed() -> u64 {
 }
 
 /// `GET path` on a running server; prints the JSON body, fails on an error status.
-fn query(url: &str, path: String) -> Result<(), String> {
+fn query(args: &QueryArgs, path: String) -> Result<(), String> {
+    let url = &args.url;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let mut client = args.connect().await?;
         let resp = client.get(&path).await.map_err(|e| format!("{url}{path}: {e}"))?;
         let text = String::from_utf8_lossy(&resp.body);
         let pretty = serde_json::from_slice::<serde_json::Value>(&resp.body)
@@ -301,7 +333,7 @@ fn import_sglang(args: &ImportArgs) -> Result<(), String> {
     let url = &args.server.url;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let mut client = args.server.connect().await?;
         let resp = client.post(path, body).await.map_err(|e| format!("{url}{path}: {e}"))?;
         let text = String::from_utf8_lossy(&resp.body);
         if (200..300).contains(&resp.status) {
@@ -317,7 +349,7 @@ fn export_sglang(args: &ExportArgs) -> Result<(), String> {
     let url = &args.server.url;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let body = rt.block_on(async {
-        let mut client = crate::client::Client::connect_url(url).await.map_err(|e| format!("{url}: {e}"))?;
+        let mut client = args.server.connect().await?;
         let resp = client.get("/admin/export/sglang").await.map_err(|e| format!("{url}: {e}"))?;
         if (200..300).contains(&resp.status) {
             Ok(resp.body)

@@ -83,6 +83,8 @@ pub fn loopback_addr(url: &str) -> Result<SocketAddr, ClientError> {
 pub struct Client {
     addr: SocketAddr,
     host: HeaderValue,
+    /// `Authorization: Bearer TOKEN` for a server with `--admin-token`.
+    auth: Option<HeaderValue>,
     sender: SendRequest<Full<Bytes>>,
 }
 
@@ -107,7 +109,19 @@ impl Client {
             let _ = conn.await;
         });
         let host = HeaderValue::from_str(&addr.to_string()).expect("a socket address is a valid header value");
-        Ok(Client { addr, host, sender })
+        Ok(Client { addr, host, auth: None, sender })
+    }
+
+    /// Sends `Authorization: Bearer TOKEN` with every request (`None`: no header).
+    pub fn bearer(mut self, token: Option<&str>) -> Result<Client, ClientError> {
+        self.auth = match token {
+            None => None,
+            Some(t) => Some(
+                HeaderValue::from_str(&format!("Bearer {t}"))
+                    .map_err(|_| ClientError::Url("the token is not a valid header value".into()))?,
+            ),
+        };
+        Ok(self)
     }
 
     /// Opens a connection to `http://HOST:PORT` (loopback only).
@@ -136,6 +150,9 @@ impl Client {
         *req.uri_mut() = path.parse().map_err(|e| ClientError::Url(format!("path '{path}': {e}")))?;
         req.headers_mut().insert(HOST, self.host.clone());
         req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(auth) = &self.auth {
+            req.headers_mut().insert(hyper::header::AUTHORIZATION, auth.clone());
+        }
         self.sender.ready().await.map_err(ClientError::Http)?;
         let resp = self.sender.send_request(req).await.map_err(ClientError::Http)?;
         let status = resp.status().as_u16();

@@ -11,15 +11,19 @@
 //! - [`bench`]: `kvpages bench`, the load generator (and its transport-only floor route).
 //! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.
+//! - [`access`]: `--allow` (client address allowlist) and `--admin-token`.
+//! - [`forward`]: `kvpages forward`, the per-node TCP forwarder to the one server.
 //!
 //! Requests are parsed and validated outside the engine lock; the lock is held only while the
 //! core applies the command.
 
+pub mod access;
 pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod forward;
 pub mod metrics;
 mod routes;
 pub mod server;

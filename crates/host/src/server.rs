@@ -29,6 +29,8 @@ pub struct ServeConfig {
     pub request_timeout: Duration,
     /// The core's settings (world size, reservation TTL).
     pub settings: Settings,
+    /// `--allow` and `--admin-token`: who may send what (default: everyone, everything).
+    pub access: crate::access::Access,
     /// Serve the load generator's transport-only floor route (`kvpages bench`'s in-process
     /// server only; never set by `kvpages serve`).
     pub bench_floor: bool,
@@ -41,6 +43,7 @@ impl Default for ServeConfig {
             max_body: 16 * 1024 * 1024,
             request_timeout: Duration::from_secs(5),
             settings: Settings::default(),
+            access: crate::access::Access::default(),
             bench_floor: false,
         }
     }
@@ -179,6 +182,7 @@ pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, St
         .route("/{rank}/{op}", post(sglang::route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::new(app.config.access.clone()), crate::access::guard))
         .layer(middleware::from_fn(guard))
         .with_state(app))
 }
@@ -225,7 +229,9 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     tracing::info!("kvpages listening on http://{addr}");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    // With the client's address, for `--allow`.
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(shutdown).await
 }
 
 /// Resolves on SIGINT or SIGTERM.
