@@ -88,20 +88,31 @@ impl std::str::FromStr for Cidr {
     }
 }
 
+/// The blocks of `--allow` (a type of its own, so clap takes the whole list as one value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllowList(pub Vec<Cidr>);
+
+impl AllowList {
+    /// Whether `ip` is in one of the blocks.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|b| b.contains(ip))
+    }
+}
+
 /// Parses `--allow`: comma-separated blocks, at least one.
-pub fn parse_allow(s: &str) -> Result<Vec<Cidr>, String> {
+pub fn parse_allow(s: &str) -> Result<AllowList, String> {
     let blocks = s.split(',').filter(|p| !p.trim().is_empty()).map(str::parse).collect::<Result<Vec<Cidr>, _>>()?;
     if blocks.is_empty() {
         return Err("--allow needs at least one address block (e.g. 127.0.0.1/32,10.0.0.0/8)".into());
     }
-    Ok(blocks)
+    Ok(AllowList(blocks))
 }
 
 /// The access policy of a server. The default lets everyone in, as the peers do.
 #[derive(Clone, Default)]
 pub struct Access {
     /// `--allow`: when set, only clients in one of these blocks are served.
-    pub allow: Option<Vec<Cidr>>,
+    pub allow: Option<AllowList>,
     /// `--admin-token`: when set, the guarded routes need `Authorization: Bearer TOKEN`.
     pub admin_token: Option<Arc<str>>,
 }
@@ -126,7 +137,7 @@ impl Access {
     pub fn check(&self, peer: Option<SocketAddr>, path: &str, authorization: Option<&[u8]>) -> Result<(), ApiError> {
         if let Some(blocks) = &self.allow {
             match peer {
-                Some(p) if blocks.iter().any(|b| b.contains(p.ip())) => {}
+                Some(p) if blocks.contains(p.ip()) => {}
                 Some(p) => {
                     return Err(ApiError::because(
                         ErrorCode::AccessDenied,
@@ -231,7 +242,7 @@ mod tests {
         {
             assert!(parse_allow(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_allow("127.0.0.1/32, 10.0.0.0/8").unwrap().len(), 2);
+        assert_eq!(parse_allow("127.0.0.1/32, 10.0.0.0/8").unwrap().0.len(), 2);
     }
 
     #[test]
@@ -244,6 +255,32 @@ mod tests {
         {
             assert!(!is_guarded(p), "{p}");
         }
+    }
+
+    /// The flags as `kvpages serve` parses them (and their variables).
+    #[test]
+    fn serve_flags() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "kvpages",
+            "serve",
+            "--in-memory",
+            "--allow",
+            "127.0.0.1/32,10.0.0.0/8",
+            "--admin-token",
+            "t0k",
+        ])
+        .unwrap();
+        let crate::cli::Cmd::Serve(args) = cli.command else { panic!("not serve") };
+        let access = args.config().unwrap().access;
+        assert_eq!(access.allow, Some(parse_allow("127.0.0.1/32,10.0.0.0/8").unwrap()));
+        assert_eq!(access.admin_token.as_deref(), Some("t0k"));
+        let bad = crate::cli::Cli::try_parse_from(["kvpages", "serve", "--allow", "10.0.0.0/40"]);
+        assert!(bad.unwrap_err().to_string().contains("prefix length"));
+        let open = crate::cli::Cli::try_parse_from(["kvpages", "serve", "--in-memory"]).unwrap();
+        let crate::cli::Cmd::Serve(args) = open.command else { panic!("not serve") };
+        let from_env = ["KVPAGES_ALLOW", "KVPAGES_ADMIN_TOKEN"].iter().any(|v| std::env::var_os(v).is_some());
+        assert!(args.config().unwrap().access.is_open() || from_env);
     }
 
     #[test]

@@ -142,7 +142,7 @@ pub struct ServeArgs {
     /// Serve only clients whose address is in one of these blocks (comma-separated CIDRs, e.g.
     /// 127.0.0.1/32,10.0.0.0/8); others get 403. Default: every client that reaches the port.
     #[arg(long, env = "KVPAGES_ALLOW", value_parser = crate::access::parse_allow)]
-    pub allow: Option<Vec<crate::access::Cidr>>,
+    pub allow: Option<crate::access::AllowList>,
     /// Require `Authorization: Bearer TOKEN` for /clear, /keys/delete, SGLang's clear and
     /// delete_keys, and /admin/* (401 without it). Prefer the environment variable: a flag's value
     /// is visible to every user in `ps`.

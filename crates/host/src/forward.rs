@@ -217,6 +217,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn flags() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(["kvpages", "forward", "--to", "http://10.0.0.5:18000"]).unwrap();
+        let crate::cli::Cmd::Forward(args) = cli.command else { panic!("not forward") };
+        if std::env::var_os("KVPAGES_FORWARD_LISTEN").is_none() {
+            assert_eq!(args.listen, "127.0.0.1:18000".parse().unwrap(), "vLLM dials localhost:18000");
+        }
+        assert_eq!(args.to.parse::<Target>().unwrap().port, 18000);
+    }
+
+    #[test]
     fn targets() {
         let t: Target = "http://10.0.0.5:18000".parse().unwrap();
         assert_eq!(t, Target { host: "10.0.0.5".into(), port: 18000 });
