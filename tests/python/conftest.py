@@ -59,15 +59,17 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_WAIT_S)
 
 
-def _start(binary: Path, log_file):
-    """Starts the server on a free port; returns (process, base URL) once /health answers 200."""
+def _start(binary: Path, log_file, extra_args=()):
+    """Starts the server on a free port; returns (process, base URL) once /health answers 200.
+    `extra_args` are added to `serve`'s flags (not `--eviction`: a flag may appear once)."""
     last_error = None
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = _free_port()
         proc = subprocess.Popen(
             # --eviction off: exactly vLLM's server's behaviour (a full pool answers -1), which
             # these tests compare against page by page.
-            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--log", "warn", "--eviction", "off"],
+            [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port), "--log", "warn", "--eviction", "off",
+             *extra_args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -124,3 +126,58 @@ def base_url(server_url):
     health = requests.get(f"{server_url}/health", timeout=5).json()
     assert health["keys"] == 0 and health["ranks"] == [] and health["world_size"] == 0, health
     return server_url
+
+
+class _Servers:
+    """`kvpages_server(*flags)`: see the fixture."""
+
+    def __init__(self):
+        self.binary = _binary()
+        self.running = {}  # url -> (process, log file)
+        # A fresh server must start empty: with a binary that keeps its state on disk (by default
+        # in ./kvpages-data), ask it to keep the state in memory only.
+        help_text = subprocess.run([str(self.binary), "serve", "--help"], capture_output=True,
+                                   text=True, timeout=30).stdout
+        self.base_flags = ("--in-memory",) if "--in-memory" in help_text else ()
+
+    def __call__(self, *flags: str) -> str:
+        log = tempfile.NamedTemporaryFile(prefix="kvpages-test-", suffix=".log", delete=False)
+        flags = self.base_flags + flags
+        try:
+            proc, base = _start(self.binary, log, flags)
+        except RuntimeError as e:
+            log.flush()
+            tail = _log_tail(log.name)
+            log.close()
+            os.unlink(log.name)
+            pytest.fail(f"{e} (flags: {' '.join(flags)})\n--- server log ---\n{tail}", pytrace=False)
+        self.running[base] = (proc, log)
+        return base
+
+    def stop(self, url: str) -> None:
+        proc, log = self.running.pop(url)
+        _stop(proc)
+        log.close()
+        if os.environ.get("KVPAGES_KEEP_LOG"):
+            print(f"server log kept at {log.name}")
+        else:
+            os.unlink(log.name)
+
+    def stop_all(self) -> None:
+        for url in list(self.running):
+            self.stop(url)
+
+
+@pytest.fixture(scope="module")
+def kvpages_server():
+    """Starts further `kvpages serve` processes for one test module: `kvpages_server(*flags)`
+    returns the base URL of a fresh, empty server started with `--eviction off` plus `flags`
+    (and `--in-memory` when the binary has it); `kvpages_server.stop(url)` stops one, and the
+    rest stop at the end of the module. For tests
+    that need a state of their own (SGLang's rank:namespace pools are not dropped by the vLLM
+    `/clear` that `base_url` sends) or other settings."""
+    servers = _Servers()
+    try:
+        yield servers
+    finally:
+        servers.stop_all()

