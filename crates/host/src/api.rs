@@ -51,6 +51,12 @@ pub enum ErrorCode {
     Timeout,
     /// The engine failed (a fault of the server, never of the request).
     EngineFault,
+    /// The server is recovering its state.
+    Recovering,
+    /// The log could not be made durable.
+    StorageFault,
+    /// The wasm plugin trapped on this request (deadline, memory cap, abort); it was not applied.
+    PluginTrapped,
     /// `--allow` is set and the client's address is in none of its blocks.
     AccessDenied,
     /// `--admin-token` is set and a guarded route came without it (or with another one).
@@ -61,7 +67,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -83,6 +89,9 @@ impl ErrorCode {
         ErrorCode::BodyTimeout,
         ErrorCode::Timeout,
         ErrorCode::EngineFault,
+        ErrorCode::Recovering,
+        ErrorCode::StorageFault,
+        ErrorCode::PluginTrapped,
         ErrorCode::AccessDenied,
         ErrorCode::AdminTokenRequired,
         ErrorCode::UpstreamUnavailable,
@@ -110,7 +119,11 @@ impl ErrorCode {
             }
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::Timeout | ErrorCode::EngineFault => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Timeout
+            | ErrorCode::EngineFault
+            | ErrorCode::Recovering
+            | ErrorCode::StorageFault
+            | ErrorCode::PluginTrapped => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::AccessDenied => StatusCode::FORBIDDEN,
             ErrorCode::AdminTokenRequired => StatusCode::UNAUTHORIZED,
             ErrorCode::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
@@ -144,6 +157,9 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "Request body too large: the limit is {limit} bytes (--max-body)",
             ErrorCode::Timeout => "Request timed out after {seconds} s (--request-timeout)",
             ErrorCode::EngineFault => "Engine unavailable",
+            ErrorCode::Recovering => "Recovering: not serving yet",
+            ErrorCode::StorageFault => "Storage error: the request applied but is not durable",
+            ErrorCode::PluginTrapped => "Engine plugin trapped; the request was not applied",
             ErrorCode::AccessDenied => "Forbidden: client address not allowed (--allow)",
             ErrorCode::AdminTokenRequired => "Unauthorized: this route needs the admin token (--admin-token)",
             ErrorCode::UpstreamUnavailable => "kvpages forward: the metadata server is unreachable",
@@ -174,6 +190,9 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "body-too-large",
             ErrorCode::Timeout => "timeout",
             ErrorCode::EngineFault => "engine-fault",
+            ErrorCode::Recovering => "recovering",
+            ErrorCode::StorageFault => "storage-fault",
+            ErrorCode::PluginTrapped => "plugin-trapped",
             ErrorCode::AccessDenied => "access-denied",
             ErrorCode::AdminTokenRequired => "admin-token-required",
             ErrorCode::UpstreamUnavailable => "upstream-unavailable",
@@ -284,9 +303,12 @@ mod tests {
             ErrorCode::BodyTimeout => 18,
             ErrorCode::Timeout => 19,
             ErrorCode::EngineFault => 20,
-            ErrorCode::AccessDenied => 21,
-            ErrorCode::AdminTokenRequired => 22,
-            ErrorCode::UpstreamUnavailable => 23,
+            ErrorCode::Recovering => 21,
+            ErrorCode::StorageFault => 22,
+            ErrorCode::PluginTrapped => 23,
+            ErrorCode::AccessDenied => 24,
+            ErrorCode::AdminTokenRequired => 25,
+            ErrorCode::UpstreamUnavailable => 26,
         }
     }
 

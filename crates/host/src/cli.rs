@@ -100,9 +100,26 @@ pub struct ServeArgs {
     /// TCP port. vLLM's connector always dials localhost:18000.
     #[arg(long, env = "KVPAGES_PORT", default_value_t = 18000)]
     pub port: u16,
-    /// Engine that runs the core.
-    #[arg(long, env = "KVPAGES_ENGINE", value_enum, default_value_t = EngineKind::Native)]
+    /// Engine that runs the core: `wasm`, the core as a WebAssembly component in a wasmtime
+    /// sandbox (a fault in it fails one request and is contained), or `native`, the core
+    /// compiled into the server.
+    #[arg(long, env = "KVPAGES_ENGINE", value_enum, default_value_t = EngineKind::Wasm)]
     pub engine: EngineKind,
+    /// With `--engine wasm`: run this component instead of the embedded one. It must implement
+    /// the WIT world kvpages:engine/plugin@0.1.0 (wit/kvpages.wit) and import nothing; checked at
+    /// start-up.
+    #[arg(long, env = "KVPAGES_PLUGIN")]
+    pub plugin: Option<std::path::PathBuf>,
+    /// Cap on the plugin's linear memory in MiB (a grow past it traps and is contained). The
+    /// default is wasm32's maximum, so the plugin can hold any state the native engine can up to
+    /// that size.
+    #[arg(long, env = "KVPAGES_PLUGIN_MEMORY_MIB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub plugin_memory_mib: u64,
+    /// Seconds one plugin call may run before it is stopped (a trap, contained), plus 0.1 ms per
+    /// key of a batch and 20 ms per MiB of state for snapshots, restores and pool re-creation.
+    #[arg(long, env = "KVPAGES_PLUGIN_BUDGET", default_value = "0.1", value_parser = parse_seconds)]
+    pub plugin_budget: Duration,
     /// TP world size: a key is complete when ranks 0..N-1 all confirmed it, and ranks >= N are
     /// refused (409). Without it, the world is the set of initialized worker ranks.
     #[arg(long, env = "KVPAGES_WORLD_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
@@ -135,6 +152,23 @@ pub struct ServeArgs {
     /// ...down to this share.
     #[arg(long, env = "KVPAGES_EVICT_LOW", default_value_t = 0.90, value_parser = parse_share)]
     pub evict_low: f64,
+    /// Where the state is kept (write-ahead log + snapshots); it survives restarts and crashes.
+    #[arg(long, env = "KVPAGES_DATA_DIR", default_value = "./kvpages-data")]
+    pub data_dir: std::path::PathBuf,
+    /// Keep the state in memory only: a restart forgets every rank and key (as the peers do).
+    #[arg(long, env = "KVPAGES_IN_MEMORY")]
+    pub in_memory: bool,
+    /// When a reply may be sent: `always` = after fsync (one fsync for every group of waiting
+    /// requests; survives power loss), or `interval=MS` = once the OS has the record (survives a
+    /// kvpages crash; a power loss loses up to MS of acknowledged changes).
+    #[arg(long, env = "KVPAGES_FSYNC", default_value = "always")]
+    pub fsync: crate::durable::FsyncMode,
+    /// Take a snapshot (and drop older log segments) after this many log records...
+    #[arg(long, env = "KVPAGES_SNAPSHOT_EVERY", default_value_t = 1_000_000)]
+    pub snapshot_every: u64,
+    /// ...or after this many seconds with any change.
+    #[arg(long, env = "KVPAGES_SNAPSHOT_INTERVAL", default_value = "300", value_parser = parse_seconds)]
+    pub snapshot_interval: Duration,
     /// Load SGLang's persistence file at start (all or nothing; the server does not start if it
     /// is refused).
     #[arg(long, env = "KVPAGES_IMPORT_SGLANG")]
@@ -193,8 +227,21 @@ impl ServeArgs {
         }
         let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         let reservation_ttl = ms(self.reservation_ttl).max(1);
+        let limits = crate::plugin::Limits {
+            memory: self.plugin_memory_mib << 20,
+            call: self.plugin_budget,
+            ..crate::plugin::Limits::default()
+        };
+        if self.plugin.is_some() && self.engine != EngineKind::Wasm {
+            return Err("--plugin needs --engine wasm".into());
+        }
+        let plugin = match &self.plugin {
+            Some(path) => crate::server::PluginConfig::from_file(path, limits)?,
+            None => crate::server::PluginConfig { loaded: None, limits },
+        };
         Ok(ServeConfig {
             engine: self.engine,
+            plugin,
             max_body: self.max_body,
             request_timeout: self.request_timeout,
             settings: Settings {
@@ -209,6 +256,12 @@ impl ServeArgs {
                 evict_high_permille: (self.evict_high * 1000.0).round() as u16,
                 evict_low_permille: (self.evict_low * 1000.0).round() as u16,
             },
+            durability: (!self.in_memory).then(|| crate::server::DurableConfig {
+                dir: self.data_dir.clone(),
+                fsync: self.fsync,
+                snapshot_every: self.snapshot_every.max(1),
+                snapshot_interval: self.snapshot_interval,
+            }),
             access: crate::access::Access {
                 allow: self.allow.clone(),
                 admin_token: match self.admin_token.as_deref() {
@@ -265,10 +318,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let seed = random_seed();
-        let mut engine = server::build_engine(&config, seed);
-        if let Some(path) = &args.import_sglang {
-            server::preload_sglang(engine.as_mut(), &config, path)?;
-        }
+        let engine = server::try_build_engine(&config, seed)?;
         tracing::info!(
             engine = %config.engine,
             world_size = ?config.settings.world_size,
@@ -277,8 +327,23 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             reservation_ttl_ms = config.settings.reservation_ttl,
             "starting"
         );
-        let router = server::router(config, engine)?;
-        server::run(listener, router, server::shutdown_signal()).await.map_err(|e| e.to_string())
+        let (router, handle) = server::build(config, engine)?;
+        // Serve at once (503 `recovering` until the state is back), recover meanwhile.
+        let serving = tokio::spawn(server::run(listener, router, server::shutdown_signal()));
+        let started = match &args.import_sglang {
+            Some(path) => match handle.start(seed).await {
+                Ok(()) => handle.import_sglang(path).await,
+                Err(e) => Err(e),
+            },
+            None => handle.start(seed).await,
+        };
+        if let Err(e) = started {
+            serving.abort();
+            return Err(e);
+        }
+        let result = serving.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
+        handle.stop().await;
+        result
     })
 }
 

@@ -1,7 +1,7 @@
 //! The interface the server drives, and the native engine (the core, called directly).
 //!
-//! A second engine (the wasm plugin) implements the same trait; the server does not know which
-//! one it runs beyond [`Engine::kind`].
+//! The wasm plugin engine (`crate::plugin`) implements the same trait; the server does not know
+//! which one it runs beyond [`Engine::kind`].
 
 use std::fmt;
 
@@ -10,6 +10,9 @@ use kvpages_core::{Command, Core, Millis, Reply, Settings};
 /// Which engine runs the core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineKind {
+    /// `kvpages-core` compiled to a WebAssembly component, run in a wasmtime sandbox (the
+    /// default: a fault in the core is contained, see `plugin`).
+    Wasm,
     /// `kvpages-core` compiled into the server.
     Native,
 }
@@ -18,6 +21,7 @@ impl fmt::Display for EngineKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             EngineKind::Native => "native",
+            EngineKind::Wasm => "wasm",
         })
     }
 }
@@ -31,6 +35,20 @@ pub enum EngineError {
     Fault(String),
     /// The engine was not free within the request's time bound (`--request-timeout`): 503.
     Busy(std::time::Duration),
+    /// The server is still recovering its state from the data directory: 503.
+    Recovering,
+    /// The command applied but its log record could not be made durable: 503 (the client
+    /// retries; the command is idempotent for the clients' flows).
+    Storage(String),
+    /// The wasm plugin trapped on this command: it was not applied, the engine was rebuilt
+    /// (`restored`: with the state it had before the command). 503.
+    Trapped {
+        /// What happened (deadline, memory cap, abort, ...).
+        cause: String,
+        /// Whether the rebuilt engine holds the earlier state (otherwise the next request
+        /// retries the rebuild).
+        restored: bool,
+    },
 }
 
 /// Something that applies core commands.
@@ -39,6 +57,12 @@ pub trait Engine: Send + 'static {
     fn kind(&self) -> EngineKind;
     /// Applies `cmd` at time `now` (milliseconds of the host's monotonic clock).
     fn apply(&mut self, now: Millis, cmd: &Command) -> Result<Reply, EngineError>;
+    /// The whole state as `kvpages_core::Core::snapshot` bytes (for snapshots and recovery).
+    fn snapshot(&mut self) -> Result<Vec<u8>, EngineError>;
+    /// Faults contained since start-up (traps of the wasm plugin; 0 for the native core).
+    fn traps(&self) -> u64 {
+        0
+    }
 }
 
 /// The core in-process.
@@ -52,6 +76,11 @@ impl NativeEngine {
     pub fn new(seed: u64, settings: Settings) -> NativeEngine {
         NativeEngine { core: Core::new(seed, settings) }
     }
+
+    /// A core restored from snapshot bytes.
+    pub fn restore(bytes: &[u8]) -> Result<NativeEngine, String> {
+        Core::restore(bytes).map(|core| NativeEngine { core }).map_err(|e| e.to_string())
+    }
 }
 
 impl Engine for NativeEngine {
@@ -61,5 +90,9 @@ impl Engine for NativeEngine {
 
     fn apply(&mut self, now: Millis, cmd: &Command) -> Result<Reply, EngineError> {
         self.core.apply(now, cmd).map_err(EngineError::Domain)
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>, EngineError> {
+        Ok(self.core.snapshot())
     }
 }

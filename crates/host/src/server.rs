@@ -1,7 +1,8 @@
 //! The server: router, request log, body reading with its bounds, engine access, run loop.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -16,6 +17,7 @@ use tokio::net::TcpListener;
 
 use crate::api::{ApiError, ErrorCode};
 use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
+use crate::plugin::{PluginEngine, Sandbox};
 use crate::routes::{admin, sglang, vllm};
 
 /// Everything `kvpages serve` needs to know.
@@ -23,12 +25,16 @@ use crate::routes::{admin, sglang, vllm};
 pub struct ServeConfig {
     /// Which engine runs the core.
     pub engine: EngineKind,
+    /// The plugin the wasm engine runs, and its sandbox limits.
+    pub plugin: PluginConfig,
     /// Largest accepted request body, in bytes.
     pub max_body: usize,
     /// Longest time a request may take before it is answered 503.
     pub request_timeout: Duration,
     /// The core's settings (world size, reservation TTL).
     pub settings: Settings,
+    /// Where the state lives, or `None` to keep it in memory only.
+    pub durability: Option<DurableConfig>,
     /// `--allow` and `--admin-token`: who may send what (default: everyone, everything).
     pub access: crate::access::Access,
     /// Serve the load generator's transport-only floor route (`kvpages bench`'s in-process
@@ -39,14 +45,56 @@ pub struct ServeConfig {
 impl Default for ServeConfig {
     fn default() -> ServeConfig {
         ServeConfig {
-            engine: EngineKind::Native,
+            engine: EngineKind::Wasm,
+            plugin: PluginConfig::default(),
             max_body: 16 * 1024 * 1024,
             request_timeout: Duration::from_secs(5),
             settings: Settings::default(),
+            durability: None,
             access: crate::access::Access::default(),
             bench_floor: false,
         }
     }
+}
+
+/// Which component the wasm engine runs (`--plugin`), within which limits.
+#[derive(Clone, Debug, Default)]
+pub struct PluginConfig {
+    /// `None`: the component embedded in the binary. `Some`: one loaded (and checked against
+    /// the WIT world) from `--plugin PATH` at start-up.
+    pub loaded: Option<Sandbox>,
+    /// `--plugin-memory-mib`, `--plugin-budget`.
+    pub limits: crate::plugin::Limits,
+}
+
+impl PluginConfig {
+    /// Loads `--plugin PATH` (compiled once, here) with `limits`.
+    pub fn from_file(path: &std::path::Path, limits: crate::plugin::Limits) -> Result<PluginConfig, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("--plugin {}: {e}", path.display()))?;
+        let sandbox = Sandbox::load(&bytes, &format!("--plugin {}", path.display()), limits)?;
+        Ok(PluginConfig { loaded: Some(sandbox), limits })
+    }
+
+    /// The compiled component, ready to instantiate.
+    pub fn sandbox(&self) -> Result<Sandbox, String> {
+        match &self.loaded {
+            Some(s) => Ok(s.clone()),
+            None => Sandbox::embedded(self.limits),
+        }
+    }
+}
+
+/// `--data-dir` and friends.
+#[derive(Clone, Debug)]
+pub struct DurableConfig {
+    /// The data directory.
+    pub dir: std::path::PathBuf,
+    /// When a record counts as durable.
+    pub fsync: crate::durable::FsyncMode,
+    /// Take a snapshot after this many log records...
+    pub snapshot_every: u64,
+    /// ...or after this long with any record since the last one.
+    pub snapshot_interval: Duration,
 }
 
 /// State shared by every request.
@@ -56,8 +104,19 @@ pub(crate) struct Shared {
     engine: tokio::sync::Mutex<Box<dyn Engine>>,
     /// What the engine is (kept outside the lock for `/health`).
     pub(crate) kind: EngineKind,
-    /// Zero of the clock handed to the core, and of the uptime.
+    /// Zero of the uptime and of the clock handed to the core.
     pub(crate) started: Instant,
+    /// Milliseconds added to `started.elapsed()` for the core's clock: the wall clock at start,
+    /// raised after recovery to the last logged time, so time never goes back across restarts.
+    clock_base: AtomicU64,
+    /// False while recovering: API routes answer 503 `recovering`.
+    ready: AtomicBool,
+    /// Records recovered so far (for `/health` while recovering).
+    pub(crate) recovered: AtomicU64,
+    /// The write-ahead log, when durable.
+    log: OnceLock<crate::durable::Log>,
+    /// Seq of the newest snapshot.
+    snapshot_seq: AtomicU64,
     pub(crate) config: ServeConfig,
 }
 
@@ -74,16 +133,131 @@ impl std::ops::Deref for App {
 
 impl App {
     fn now(&self) -> Millis {
-        self.started.elapsed().as_millis() as Millis
+        self.clock_base.load(Ordering::Acquire) + self.started.elapsed().as_millis() as Millis
+    }
+
+    /// Faults the engine contained since start-up (wasm plugin traps), for `/stats`.
+    pub(crate) async fn engine_traps(&self) -> u64 {
+        self.engine.lock().await.traps()
+    }
+
+    /// Whether recovery is over.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     /// Applies one command; the lock is held for this call only. Waiting for the lock past
-    /// `deadline` gives up with [`EngineError::Busy`].
+    /// `deadline` gives up with [`EngineError::Busy`]. When durable, a state-changing command
+    /// is logged under the lock (so the log order is the apply order) and the reply waits for
+    /// its record; a read waits for every record before it, so it never shows state a crash
+    /// could take back.
     pub(crate) async fn apply(&self, cmd: &Command, deadline: Instant) -> Result<Reply, EngineError> {
+        if !self.is_ready() {
+            return Err(EngineError::Recovering);
+        }
         let mut engine = tokio::time::timeout_at(deadline.into(), self.engine.lock())
             .await
             .map_err(|_| EngineError::Busy(self.config.request_timeout))?;
-        engine.apply(self.now(), cmd)
+        let now = self.now();
+        let reply = engine.apply(now, cmd);
+        let log = self.log.get();
+        let wait_for =
+            log.map(|log| if reply.is_ok() && cmd.is_mutating() { log.append(now, cmd) } else { log.last_seq() });
+        drop(engine);
+        if let (Some(log), Some(seq)) = (log, wait_for) {
+            log.wait(seq, deadline).await.map_err(EngineError::Storage)?;
+        }
+        reply
+    }
+
+    /// Recovers the state from the data directory into the engine, then starts the log.
+    /// Blocking; run it off the async threads. Progress goes to the log every 100k records.
+    fn recover(&self, dur: &DurableConfig, seed: u64) -> Result<(), String> {
+        let start = Instant::now();
+        crate::durable::open_dir(&dur.dir)?;
+        let rec = crate::durable::recover(&dur.dir)?;
+        if let Some(note) = &rec.dropped_tail {
+            tracing::warn!("recovery: the log was torn: {note}");
+        }
+        let mut engine = self.engine.blocking_lock();
+        if let Some((seq, bytes)) = &rec.snapshot {
+            tracing::info!(seq, bytes = bytes.len(), "recovery: loading snapshot");
+            *engine = restore_engine(&self.config, bytes)?;
+            self.snapshot_seq.store(*seq, Ordering::Release);
+        } else {
+            *engine = build_engine(&self.config, seed);
+        }
+        let total = rec.records.len();
+        tracing::info!(records = total, "recovery: replaying the log");
+        for (i, r) in rec.records.iter().enumerate() {
+            // Replies were checked when the command first ran; replay only rebuilds the state.
+            let _ = engine.apply(r.now, &r.command);
+            if (i + 1) % 100_000 == 0 {
+                let secs = start.elapsed().as_secs_f64();
+                tracing::info!(
+                    "recovery: {} of {total} records ({:.0} records/s)",
+                    i + 1,
+                    (i + 1) as f64 / secs.max(1e-9)
+                );
+            }
+            self.recovered.store(i as u64 + 1, Ordering::Relaxed);
+        }
+        // Time never goes back: past the last logged time, whatever the wall clock says.
+        let elapsed = self.started.elapsed().as_millis() as u64;
+        if rec.last_now() + 1 > self.now() {
+            self.clock_base.store(rec.last_now() + 1 - elapsed, Ordering::Release);
+        }
+        let log = crate::durable::Log::start(&dur.dir, dur.fsync, rec.last_seq())?;
+        // Settings are logged, so older records replay under the settings they ran with; then a
+        // blanket read lease protects readers whose lease records never reached the disk.
+        let now = self.now();
+        for cmd in [Command::Configure(self.config.settings), Command::LeaseAll] {
+            engine.apply(now, &cmd).map_err(|e| format!("the engine refused {cmd:?} after recovery: {e:?}"))?;
+            log.append(now, &cmd);
+        }
+        let _ = self.log.set(log);
+        drop(engine);
+        self.ready.store(true, Ordering::Release);
+        tracing::info!(
+            records = total,
+            seconds = start.elapsed().as_secs_f64(),
+            dir = %dur.dir.display(),
+            "recovery done: serving"
+        );
+        Ok(())
+    }
+
+    /// Takes a snapshot when enough records or time have passed since the last one.
+    async fn maybe_snapshot(&self, dur: &DurableConfig, last_time: &mut Instant, force: bool) {
+        let Some(log) = self.log.get() else { return };
+        let since = log.last_seq().saturating_sub(self.snapshot_seq.load(Ordering::Acquire));
+        let due = since >= dur.snapshot_every || (since > 0 && (force || last_time.elapsed() >= dur.snapshot_interval));
+        if !due {
+            return;
+        }
+        let (seq, bytes) = {
+            let mut engine = self.engine.lock().await;
+            let seq = log.last_seq();
+            match engine.snapshot() {
+                Ok(bytes) => (seq, bytes),
+                Err(e) => {
+                    tracing::error!("snapshot failed: {e:?}");
+                    return;
+                }
+            }
+        };
+        let dir = dur.dir.clone();
+        let start = Instant::now();
+        let size = bytes.len();
+        match tokio::task::spawn_blocking(move || crate::durable::write_snapshot(&dir, seq, &bytes)).await {
+            Ok(Ok(())) => {
+                self.snapshot_seq.store(seq, Ordering::Release);
+                *last_time = Instant::now();
+                tracing::info!(seq, bytes = size, seconds = start.elapsed().as_secs_f64(), "snapshot written");
+            }
+            Ok(Err(e)) => tracing::error!("writing a snapshot in {} failed: {e}", dur.dir.display()),
+            Err(e) => tracing::error!("snapshot task failed: {e}"),
+        }
     }
 
     /// Reads the whole body: 413 past `--max-body`, 408 if it has not arrived by `deadline`
@@ -117,74 +291,149 @@ impl App {
     }
 }
 
-/// Builds the engine the config names.
-pub fn build_engine(config: &ServeConfig, seed: u64) -> Box<dyn Engine> {
+/// An engine of the configured kind restored from core snapshot bytes.
+pub fn restore_engine(config: &ServeConfig, bytes: &[u8]) -> Result<Box<dyn Engine>, String> {
     match config.engine {
-        EngineKind::Native => Box::new(NativeEngine::new(seed, config.settings)),
+        EngineKind::Native => Ok(Box::new(NativeEngine::restore(bytes)?)),
+        EngineKind::Wasm => Ok(Box::new(PluginEngine::restore(config.plugin.sandbox()?, bytes)?)),
     }
 }
 
-/// Loads SGLang's persistence file into `engine` before the server starts serving.
-pub fn preload_sglang(engine: &mut dyn Engine, config: &ServeConfig, path: &std::path::Path) -> Result<(), String> {
-    let start = Instant::now();
-    let bytes = std::fs::read(path).map_err(|e| format!("--import-sglang {}: {e}", path.display()))?;
-    tracing::info!(bytes = bytes.len(), "reading SGLang's persistence file {}", path.display());
-    let pools = crate::routes::sglang_file::parse(&bytes)
-        .map_err(|e| format!("--import-sglang {}: {e}; nothing was imported", path.display()))?;
-    engine
-        .apply(0, &Command::Configure(config.settings))
-        .map_err(|e| format!("the engine refused its settings: {e:?}"))?;
-    match engine.apply(0, &Command::ImportSglang { pools, replace: false }) {
-        Ok(Reply::Imported { pools, keys, leaked_pages }) => {
-            tracing::info!(
-                pools,
-                keys,
-                leaked_pages,
-                seconds = start.elapsed().as_secs_f64(),
-                "imported SGLang's pools"
-            );
-            Ok(())
-        }
-        Ok(other) => Err(format!("unexpected reply {other:?}")),
-        Err(EngineError::Domain(e)) => Err(format!("--import-sglang {}: {e}; nothing was imported", path.display())),
-        Err(e) => Err(format!("--import-sglang {}: {e:?}; nothing was imported", path.display())),
+/// Builds the engine the config names, or says why it cannot (a `--plugin` that does not load,
+/// a `--plugin-memory-mib` too small for the plugin to start).
+pub fn try_build_engine(config: &ServeConfig, seed: u64) -> Result<Box<dyn Engine>, String> {
+    match config.engine {
+        EngineKind::Native => Ok(Box::new(NativeEngine::new(seed, config.settings))),
+        EngineKind::Wasm => Ok(Box::new(PluginEngine::new(config.plugin.sandbox()?, seed, config.settings)?)),
     }
+}
+
+/// [`try_build_engine`] for callers whose configuration is known to be good (tests, benches).
+pub fn build_engine(config: &ServeConfig, seed: u64) -> Box<dyn Engine> {
+    try_build_engine(config, seed).unwrap_or_else(|e| panic!("cannot build the {} engine: {e}", config.engine))
 }
 
 /// The router with every route, the guard and the JSON fallbacks.
 pub fn router(config: ServeConfig, engine: Box<dyn Engine>) -> Result<Router, String> {
+    build(config, engine).map(|(router, _)| router)
+}
+
+/// A running server's handle: recovery, snapshots, shutdown.
+#[derive(Clone)]
+pub struct Handle(App);
+
+impl Handle {
+    /// With durability configured: recovers the state (blocking; the router answers 503
+    /// `recovering` meanwhile), then takes snapshots in the background. Without: nothing.
+    pub async fn start(&self, seed: u64) -> Result<(), String> {
+        let Some(dur) = self.0.config.durability.clone() else { return Ok(()) };
+        let app = self.0.clone();
+        let d = dur.clone();
+        tokio::task::spawn_blocking(move || app.recover(&d, seed)).await.map_err(|e| e.to_string())??;
+        let app = self.0.clone();
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                app.maybe_snapshot(&dur, &mut last, false).await;
+            }
+        });
+        Ok(())
+    }
+
+    /// Loads SGLang's persistence file through the log (all or nothing), for `--import-sglang`.
+    pub async fn import_sglang(&self, path: &std::path::Path) -> Result<(), String> {
+        let start = Instant::now();
+        let bytes = std::fs::read(path).map_err(|e| format!("--import-sglang {}: {e}", path.display()))?;
+        tracing::info!(bytes = bytes.len(), "reading SGLang's persistence file {}", path.display());
+        let pools = crate::routes::sglang_file::parse(&bytes)
+            .map_err(|e| format!("--import-sglang {}: {e}; nothing was imported", path.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        match self.0.apply(&Command::ImportSglang { pools, replace: false }, deadline).await {
+            Ok(Reply::Imported { pools, keys, leaked_pages }) => {
+                tracing::info!(
+                    pools,
+                    keys,
+                    leaked_pages,
+                    seconds = start.elapsed().as_secs_f64(),
+                    "imported SGLang's pools"
+                );
+                Ok(())
+            }
+            Ok(other) => Err(format!("unexpected reply {other:?}")),
+            Err(EngineError::Domain(e)) => {
+                Err(format!("--import-sglang {}: {e}; nothing was imported", path.display()))
+            }
+            Err(e) => Err(format!("--import-sglang {}: {e:?}; nothing was imported", path.display())),
+        }
+    }
+
+    /// On shutdown: a last snapshot (so the next start replays little) and a closed log.
+    pub async fn stop(&self) {
+        let Some(dur) = self.0.config.durability.clone() else { return };
+        let mut last = Instant::now();
+        self.0.maybe_snapshot(&dur, &mut last, true).await;
+        if let Some(log) = self.0.log.get() {
+            log.close();
+        }
+    }
+}
+
+/// The router and its handle. With durability configured the server starts not ready (503
+/// `recovering`) until [`Handle::start`] has recovered the state.
+pub fn build(config: ServeConfig, engine: Box<dyn Engine>) -> Result<(Router, Handle), String> {
     let kind = engine.kind();
     let mut engine = engine;
-    // Settings are a command, so a command log would replay them in order.
-    engine
-        .apply(0, &Command::Configure(config.settings))
-        .map_err(|e| format!("the engine refused its settings: {e:?}"))?;
-    let app = App(Arc::new(Shared { engine: tokio::sync::Mutex::new(engine), kind, started: Instant::now(), config }));
+    let durable = config.durability.is_some();
+    if !durable {
+        // Settings are a command (the durable start logs them after recovery).
+        engine
+            .apply(0, &Command::Configure(config.settings))
+            .map_err(|e| format!("the engine refused its settings: {e:?}"))?;
+    }
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let app = App(Arc::new(Shared {
+        engine: tokio::sync::Mutex::new(engine),
+        kind,
+        started: Instant::now(),
+        // In memory the clock starts at 0 (nothing outlives the process); durable, it is the
+        // wall clock, raised past the last logged time by recovery.
+        clock_base: AtomicU64::new(if durable { wall } else { 0 }),
+        ready: AtomicBool::new(!durable),
+        recovered: AtomicU64::new(0),
+        log: OnceLock::new(),
+        snapshot_seq: AtomicU64::new(0),
+        config,
+    }));
+    let handle = Handle(app.clone());
     let mut routes = Router::new();
     if app.config.bench_floor {
         routes = routes.route(crate::bench::FLOOR_PATH, post(crate::bench::floor));
     }
-    Ok(routes
-        .route("/rank/{rank}/initialize", post(vllm::initialize))
-        .route("/keys/batch_allocate", post(vllm::batch_allocate))
-        .route("/keys/confirm_write", post(vllm::confirm_write))
-        .route("/keys/batch_exists", post(vllm::batch_exists))
-        .route("/keys/get_locations", post(vllm::get_locations))
-        .route("/clear", post(vllm::clear))
-        .route("/keys/delete", post(vllm::delete))
-        .route("/health", get(admin::health))
-        .route("/stats", get(admin::stats))
-        .route("/metrics", get(crate::metrics::handler))
-        .route("/admin/keys/{key}", get(admin::inspect))
-        .route("/admin/import/sglang", post(admin::import_sglang))
-        .route("/admin/export/sglang", get(admin::export_sglang))
-        // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
-        .route("/{rank}/{op}", post(sglang::route))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(Arc::new(app.config.access.clone()), crate::access::guard))
-        .layer(middleware::from_fn(guard))
-        .with_state(app))
+    Ok((
+        routes
+            .route("/rank/{rank}/initialize", post(vllm::initialize))
+            .route("/keys/batch_allocate", post(vllm::batch_allocate))
+            .route("/keys/confirm_write", post(vllm::confirm_write))
+            .route("/keys/batch_exists", post(vllm::batch_exists))
+            .route("/keys/get_locations", post(vllm::get_locations))
+            .route("/clear", post(vllm::clear))
+            .route("/keys/delete", post(vllm::delete))
+            .route("/health", get(admin::health))
+            .route("/stats", get(admin::stats))
+            .route("/metrics", get(crate::metrics::handler))
+            .route("/admin/keys/{key}", get(admin::inspect))
+            .route("/admin/import/sglang", post(admin::import_sglang))
+            .route("/admin/export/sglang", get(admin::export_sglang))
+            // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
+            .route("/{rank}/{op}", post(sglang::route))
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .layer(middleware::from_fn_with_state(Arc::new(app.config.access.clone()), crate::access::guard))
+            .layer(middleware::from_fn(guard))
+            .with_state(app),
+        handle,
+    ))
 }
 
 /// Logs each request (debug) and counts it for `/metrics`. Time bounds live where the waiting

@@ -48,6 +48,25 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
         keys: u64,
         ranks: Vec<RankHealth>,
     }
+    if !app.is_ready() {
+        #[derive(Serialize)]
+        struct Recovering {
+            status: &'static str,
+            detail: &'static str,
+            engine: String,
+            uptime_seconds: f64,
+            recovered_records: u64,
+        }
+        let body = Recovering {
+            status: "recovering",
+            detail: ErrorCode::Recovering.template(),
+            engine: app.kind.to_string(),
+            uptime_seconds: app.started.elapsed().as_secs_f64(),
+            recovered_records: app.recovered.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        let body = serde_json::to_vec(&body).expect("serializes");
+        return crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body);
+    }
     let stats = match stats_now(&app).await {
         Ok(s) => s,
         Err(e) => return e.into_response(),
@@ -115,6 +134,8 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
     #[derive(Serialize)]
     struct StatsOut<'a> {
         engine: String,
+        /// Wasm plugin traps contained since start-up (each failed one request with 503).
+        engine_traps: u64,
         uptime_seconds: f64,
         settings: SettingsOut,
         spaces: Vec<SpaceOut<'a>>,
@@ -125,8 +146,10 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
     };
     let st = &stats.settings;
     let secs = |ms: u64| ms as f64 / 1000.0;
+    let engine_traps = app.engine_traps().await;
     json_ok(&StatsOut {
         engine: app.kind.to_string(),
+        engine_traps,
         uptime_seconds: app.started.elapsed().as_secs_f64(),
         settings: SettingsOut {
             reservation_ttl_seconds: secs(st.reservation_ttl),

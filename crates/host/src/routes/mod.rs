@@ -95,6 +95,18 @@ fn rejected(route: &str, body: &[u8], e: ApiError) -> Response {
 pub(crate) fn fault(e: EngineError) -> ApiError {
     match e {
         EngineError::Fault(why) => ApiError::because(ErrorCode::EngineFault, why),
+        EngineError::Recovering => {
+            ApiError::because(ErrorCode::Recovering, "the state is being recovered from the data directory")
+        }
+        EngineError::Storage(why) => ApiError::because(ErrorCode::StorageFault, why),
+        EngineError::Trapped { cause, restored: true } => ApiError::because(
+            ErrorCode::PluginTrapped,
+            format_args!("{cause}; the engine was rebuilt with the state from before this request"),
+        ),
+        EngineError::Trapped { cause, restored: false } => ApiError::because(
+            ErrorCode::PluginTrapped,
+            format_args!("{cause}; the engine could not be rebuilt yet, the next request retries"),
+        ),
         EngineError::Busy(limit) => ApiError::filled_because(
             ErrorCode::Timeout,
             &[("seconds", &limit.as_secs_f64())],

@@ -150,7 +150,13 @@ fn refused(op: Op, rank: u32, namespace: &str, e: EngineError, confirmations: &[
     match e {
         EngineError::Domain(Error::RankNotInitialized { .. }) => not_initialized(rank, namespace),
         EngineError::Domain(Error::ZeroPages { .. }) => invalid(op, "num_pages must be at least 1"),
-        EngineError::Domain(e @ Error::PageOutOfRange { .. }) => invalid(op, e),
+        EngineError::Domain(Error::PageOutOfRange { rank, page, num_pages, place }) => {
+            let (field, i) = match place {
+                kvpages_core::PagePlace::Confirmation(i) => ("written_keys_to_confirm", i),
+                kvpages_core::PagePlace::Release(i) => ("pages_to_release", i),
+            };
+            invalid(op, format_args!("{field}[{i}]: page {page} is out of range, rank {rank} has {num_pages} pages"))
+        }
         EngineError::Domain(Error::NothingConfirmed { refused }) => {
             super::nothing_confirmed(&refused, "written_keys_to_confirm", confirmations)
         }

@@ -1,0 +1,583 @@
+//! Durability: a write-ahead log of applied commands plus snapshots, in a data directory.
+//!
+//! The core is deterministic, so its state is a function of the commands applied to it and
+//! their times: the log records `(seq, now, Command)` for every state-changing command that
+//! the engine accepted, in apply order (it is appended under the engine lock). A reply waits
+//! until its record — and, for a read, every record before it — is durable under the fsync
+//! policy, so no client acts on state a crash could take back. Snapshots (the core's own
+//! `snapshot()` bytes) bound the log; recovery is the newest snapshot plus the records after it.
+//!
+//! Layout of the data directory:
+//! - `FORMAT`: `kvpages-data <version>`; an unknown version is refused.
+//! - `snapshot-<seq>.bin`: `KVPSNAP1`, seq (u64 LE), length (u64 LE), crc32 (u32 LE), bytes.
+//! - `wal-<first seq>.log`: records `[len u32 LE][crc32 u32 LE][postcard (seq, now, Command)]`.
+//!   A torn or corrupt record ends the log: recovery truncates it there and says so.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kvpages_core::{Command, Millis};
+
+/// The data directory format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const SNAPSHOT_MAGIC: &[u8; 8] = b"KVPSNAP1";
+/// A segment is closed and a new one started past this size.
+const SEGMENT_BYTES: u64 = 64 << 20;
+/// No record is larger than this (a request body is at most `--max-body`).
+const MAX_RECORD: u32 = 1 << 30;
+
+/// fsyncs of the log so far, and the time they took (for `/metrics`).
+pub static FSYNCS: AtomicU64 = AtomicU64::new(0);
+/// Total microseconds spent in the log's fsyncs.
+pub static FSYNC_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// When a record counts as durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// After `fsync` (one for every group of records waiting): survives power loss.
+    Always,
+    /// After `write` (the OS has it: survives a crash of kvpages, not of the machine); the log
+    /// is fsynced every interval, so a power loss loses at most that much.
+    Interval(Duration),
+}
+
+impl std::str::FromStr for FsyncMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FsyncMode, String> {
+        if s == "always" {
+            return Ok(FsyncMode::Always);
+        }
+        let ms = s
+            .strip_prefix("interval=")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .ok_or_else(|| format!("'{s}': expected `always` or `interval=MS` (MS > 0)"))?;
+        Ok(FsyncMode::Interval(Duration::from_millis(ms)))
+    }
+}
+
+/// One logged command.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// Position in the log, from 1.
+    pub seq: u64,
+    /// The time it was applied at.
+    pub now: Millis,
+    /// The command.
+    pub command: Command,
+}
+
+/// What recovery found in a data directory.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// The newest snapshot's core bytes and the last seq it contains.
+    pub snapshot: Option<(u64, Vec<u8>)>,
+    /// Records after the snapshot, in order.
+    pub records: Vec<Record>,
+    /// What was dropped at a torn or corrupt tail, for the log line.
+    pub dropped_tail: Option<String>,
+}
+
+impl Recovered {
+    /// The last seq recovered (snapshot or records).
+    pub fn last_seq(&self) -> u64 {
+        self.records.last().map(|r| r.seq).or(self.snapshot.as_ref().map(|s| s.0)).unwrap_or(0)
+    }
+
+    /// The latest time recovered: the clock must not go back behind it.
+    pub fn last_now(&self) -> Millis {
+        self.records.last().map_or(0, |r| r.now)
+    }
+}
+
+fn segment_name(first: u64) -> String {
+    format!("wal-{first:020}.log")
+}
+
+fn snapshot_name(seq: u64) -> String {
+    format!("snapshot-{seq:020}.bin")
+}
+
+/// Files named `prefix<number>suffix` in `dir`, sorted by number.
+fn numbered(dir: &Path, prefix: &str, suffix: &str) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(n) = name.strip_prefix(prefix).and_then(|r| r.strip_suffix(suffix)).and_then(|n| n.parse().ok()) {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Opens (creating if needed) a data directory and checks its format version.
+pub fn open_dir(dir: &Path) -> Result<(), String> {
+    let format = dir.join("FORMAT");
+    let want = format!("kvpages-data {FORMAT_VERSION}\n");
+    if !dir.exists() {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create --data-dir {}: {e}", dir.display()))?;
+    }
+    match fs::read_to_string(&format) {
+        Ok(text) if text == want => Ok(()),
+        Ok(text) => {
+            let version = text.trim().strip_prefix("kvpages-data ").unwrap_or(text.trim());
+            Err(format!(
+                "--data-dir {} has format version {version:?}; this kvpages reads version {FORMAT_VERSION}. \
+                 Use the kvpages release that wrote it (or export its state), or point --data-dir elsewhere",
+                dir.display()
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let stray = fs::read_dir(dir).map_err(|e| e.to_string())?.next().is_some();
+            if stray {
+                return Err(format!(
+                    "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
+                    dir.display()
+                ));
+            }
+            fs::write(&format, want).and_then(|()| sync_dir(dir)).map_err(|e| format!("{}: {e}", format.display()))
+        }
+        Err(e) => Err(format!("{}: {e}", format.display())),
+    }
+}
+
+/// Reads the newest snapshot and every record after it; truncates a torn tail.
+pub fn recover(dir: &Path) -> Result<Recovered, String> {
+    let mut out = Recovered::default();
+    let snapshots = numbered(dir, "snapshot-", ".bin").map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Some((seq, path)) = snapshots.last() {
+        let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let body = parse_snapshot(&bytes, *seq).map_err(|why| {
+            format!(
+                "snapshot {} is damaged ({why}); kvpages will not guess. Move it aside to recover from the \
+                 previous snapshot and the log, or start with an empty --data-dir",
+                path.display()
+            )
+        })?;
+        out.snapshot = Some((*seq, body.to_vec()));
+    }
+    let after = out.snapshot.as_ref().map_or(0, |s| s.0);
+    let segments = numbered(dir, "wal-", ".log").map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut expect = None::<u64>;
+    for (i, (_, path)) in segments.iter().enumerate() {
+        let (records, torn) = read_segment(path, &mut expect)?;
+        out.records.extend(records.into_iter().filter(|r| r.seq > after));
+        if let Some((offset, why)) = torn {
+            let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            file.set_len(offset).and_then(|()| file.sync_all()).map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut note = format!("{} at byte {offset}: {why}; the log ends there", path.display());
+            for (_, later) in &segments[i + 1..] {
+                let aside = later.with_extension("log.damaged");
+                fs::rename(later, &aside).map_err(|e| format!("{}: {e}", later.display()))?;
+                note.push_str(&format!("; later segment moved aside to {}", aside.display()));
+            }
+            out.dropped_tail = Some(note);
+            break;
+        }
+    }
+    if let Some(first) = out.records.first()
+        && first.seq != after + 1
+    {
+        return Err(format!(
+            "the log starts at record {} but the newest snapshot ends at {after}: records are missing",
+            first.seq
+        ));
+    }
+    Ok(out)
+}
+
+fn parse_snapshot(bytes: &[u8], seq: u64) -> Result<&[u8], String> {
+    let rest = bytes.strip_prefix(&SNAPSHOT_MAGIC[..]).ok_or("not a kvpages snapshot file")?;
+    if rest.len() < 20 {
+        return Err("truncated header".into());
+    }
+    let stored_seq = u64::from_le_bytes(rest[0..8].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(rest[8..16].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(rest[16..20].try_into().expect("4 bytes"));
+    let body = &rest[20..];
+    if stored_seq != seq {
+        return Err(format!("header says record {stored_seq}, the name says {seq}"));
+    }
+    if body.len() as u64 != len {
+        return Err(format!("{} bytes of {len}", body.len()));
+    }
+    if crc32fast::hash(body) != crc {
+        return Err("checksum mismatch".into());
+    }
+    Ok(body)
+}
+
+/// Records of one segment, and where (and why) it is torn, if it is.
+#[allow(clippy::type_complexity)]
+fn read_segment(path: &Path, expect: &mut Option<u64>) -> Result<(Vec<Record>, Option<(u64, String)>), String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut records = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let mut head = [0u8; 8];
+        match read_full(&mut r, &mut head) {
+            Ok(0) => return Ok((records, None)),
+            Ok(8) => {}
+            Ok(n) => return Ok((records, Some((offset, format!("a record header cut after {n} bytes"))))),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+        let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+        if len == 0 || len > MAX_RECORD {
+            return Ok((records, Some((offset, format!("a record length of {len} bytes")))));
+        }
+        let mut payload = vec![0u8; len as usize];
+        let got = read_full(&mut r, &mut payload).map_err(|e| format!("{}: {e}", path.display()))?;
+        if got < payload.len() {
+            return Ok((records, Some((offset, format!("a record cut after {got} of {len} bytes")))));
+        }
+        if crc32fast::hash(&payload) != crc {
+            return Ok((records, Some((offset, "a record with a wrong checksum".into()))));
+        }
+        let record: Record = match postcard::from_bytes(&payload) {
+            Ok(r) => r,
+            Err(e) => return Ok((records, Some((offset, format!("a record that does not decode ({e})"))))),
+        };
+        if let Some(want) = *expect
+            && record.seq != want
+        {
+            return Ok((records, Some((offset, format!("record {} where {want} was due", record.seq)))));
+        }
+        *expect = Some(record.seq + 1);
+        offset += 8 + u64::from(len);
+        records.push(record);
+    }
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Writes a snapshot atomically (temporary file, fsync, rename, fsync of the directory), then
+/// removes older snapshots and the log segments it makes unnecessary.
+pub fn write_snapshot(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("snapshot-{seq:020}.tmp"));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(SNAPSHOT_MAGIC)?;
+        f.write_all(&seq.to_le_bytes())?;
+        f.write_all(&(core_bytes.len() as u64).to_le_bytes())?;
+        f.write_all(&crc32fast::hash(core_bytes).to_le_bytes())?;
+        f.write_all(core_bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, dir.join(snapshot_name(seq)))?;
+    sync_dir(dir)?;
+    for (s, path) in numbered(dir, "snapshot-", ".bin")? {
+        if s < seq {
+            fs::remove_file(path)?;
+        }
+    }
+    // A segment can go once the next one starts at or before seq + 1: all its records are in
+    // the snapshot. The newest segment always stays (it is being written).
+    let segments = numbered(dir, "wal-", ".log")?;
+    for pair in segments.windows(2) {
+        if pair[1].0 <= seq + 1 {
+            fs::remove_file(&pair[0].1)?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Records waiting for the flusher, and what it has made durable.
+struct Pending {
+    buf: Vec<u8>,
+    last_seq: u64,
+    closing: bool,
+    failed: Option<String>,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    wake: Condvar,
+    durable: tokio::sync::watch::Sender<u64>,
+}
+
+/// The write-ahead log: `append` under the engine lock, `wait` outside it.
+pub struct Log {
+    shared: Arc<Shared>,
+    durable: tokio::sync::watch::Receiver<u64>,
+    flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log").field("dir", &self.dir).finish()
+    }
+}
+
+impl Log {
+    /// Starts a log whose next record is `last_seq + 1`, in a new segment.
+    pub fn start(dir: &Path, mode: FsyncMode, last_seq: u64) -> Result<Log, String> {
+        let (tx, rx) = tokio::sync::watch::channel(last_seq);
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, closing: false, failed: None }),
+            wake: Condvar::new(),
+            durable: tx,
+        });
+        let segment = open_segment(dir, last_seq + 1).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (s, d) = (shared.clone(), dir.to_path_buf());
+        let flusher = std::thread::Builder::new()
+            .name("kvpages-log".into())
+            .spawn(move || flush_loop(&s, &d, mode, segment, last_seq))
+            .map_err(|e| e.to_string())?;
+        Ok(Log { shared, durable: rx, flusher: Mutex::new(Some(flusher)), dir: dir.to_path_buf() })
+    }
+
+    /// Appends one record; returns its seq. Call with the engine lock held, so the log order is
+    /// the apply order.
+    pub fn append(&self, now: Millis, command: &Command) -> u64 {
+        let mut p = self.shared.pending.lock().expect("log lock");
+        let seq = p.last_seq + 1;
+        let payload = postcard::to_allocvec(&RecordRef { seq, now, command }).expect("commands encode");
+        p.buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        p.buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        p.buf.extend_from_slice(&payload);
+        p.last_seq = seq;
+        drop(p);
+        self.shared.wake.notify_one();
+        seq
+    }
+
+    /// The seq of the last record appended.
+    pub fn last_seq(&self) -> u64 {
+        self.shared.pending.lock().expect("log lock").last_seq
+    }
+
+    /// Waits until record `seq` is durable, or `deadline` passes, or the log failed.
+    pub async fn wait(&self, seq: u64, deadline: Instant) -> Result<(), String> {
+        let mut rx = self.durable.clone();
+        let wait = rx.wait_for(|&d| d >= seq);
+        match tokio::time::timeout_at(deadline.into(), wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err("the log stopped".into()),
+            Err(_) => match self.shared.pending.lock().expect("log lock").failed.clone() {
+                Some(why) => Err(why),
+                None => Err("the log did not reach the disk in time".into()),
+            },
+        }
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes what is pending and stops the flusher (on shutdown).
+    pub fn close(&self) {
+        self.shared.pending.lock().expect("log lock").closing = true;
+        self.shared.wake.notify_one();
+        if let Some(h) = self.flusher.lock().expect("flusher lock").take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct RecordRef<'a> {
+    seq: u64,
+    now: Millis,
+    command: &'a Command,
+}
+
+fn open_segment(dir: &Path, first: u64) -> io::Result<(File, u64)> {
+    let f = OpenOptions::new().create(true).append(true).open(dir.join(segment_name(first)))?;
+    sync_dir(dir)?;
+    let len = f.metadata()?.len();
+    Ok((f, len))
+}
+
+fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64), mut durable: u64) {
+    let (mut file, mut size) = segment;
+    let mut last_sync = Instant::now();
+    let mut unsynced = false;
+    loop {
+        let (buf, last, closing) = {
+            let mut p = shared.pending.lock().expect("log lock");
+            loop {
+                if !p.buf.is_empty() || p.closing {
+                    break;
+                }
+                let timeout = match mode {
+                    FsyncMode::Interval(every) if unsynced => every.saturating_sub(last_sync.elapsed()),
+                    _ => Duration::from_secs(3600),
+                };
+                let (guard, res) = shared.wake.wait_timeout(p, timeout).expect("log lock");
+                p = guard;
+                if res.timed_out() {
+                    break;
+                }
+            }
+            (std::mem::take(&mut p.buf), p.last_seq, p.closing)
+        };
+        let result = (|| -> io::Result<()> {
+            if !buf.is_empty() {
+                file.write_all(&buf)?;
+                size += buf.len() as u64;
+                unsynced = true;
+            }
+            let sync_now = match mode {
+                FsyncMode::Always => unsynced,
+                FsyncMode::Interval(every) => unsynced && (closing || last_sync.elapsed() >= every),
+            };
+            if sync_now {
+                let t = Instant::now();
+                file.sync_data()?;
+                FSYNCS.fetch_add(1, Ordering::Relaxed);
+                FSYNC_MICROS.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                last_sync = Instant::now();
+                unsynced = false;
+            }
+            if size >= SEGMENT_BYTES {
+                file.sync_data()?;
+                let (f, s) = open_segment(dir, last + 1)?;
+                file = f;
+                size = s;
+                unsynced = false;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                // Always: durable once fsynced; Interval: once the OS has it.
+                if last > durable && (mode != FsyncMode::Always || !unsynced) {
+                    durable = last;
+                    shared.durable.send_replace(durable);
+                }
+            }
+            Err(e) => {
+                let why = format!("writing the log in {} failed: {e}", dir.display());
+                tracing::error!("{why}");
+                shared.pending.lock().expect("log lock").failed = Some(why);
+                // Retry later instead of spinning: the records stay unacknowledged.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        if closing && buf.is_empty() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvpages_core::{Key, Space};
+
+    fn cmd(i: u32) -> Command {
+        Command::Allocate { space: Space::Vllm, rank: i, keys: vec![Key::parse("k").unwrap()] }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvpages-durable-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn records_survive_a_restart_and_a_torn_tail_is_cut() {
+        let d = tmp("torn");
+        open_dir(&d).unwrap();
+        let log = Log::start(&d, FsyncMode::Always, 0).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for i in 0..10 {
+            let seq = log.append(u64::from(i) * 10, &cmd(i));
+            rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
+        }
+        log.close();
+        let rec = recover(&d).unwrap();
+        assert_eq!(rec.records.len(), 10);
+        assert_eq!((rec.last_seq(), rec.last_now()), (10, 90));
+        assert!(rec.dropped_tail.is_none());
+        // Tear the last record: recovery keeps 9 and truncates.
+        let seg = numbered(&d, "wal-", ".log").unwrap()[0].1.clone();
+        let len = fs::metadata(&seg).unwrap().len();
+        OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 3).unwrap();
+        let rec = recover(&d).unwrap();
+        assert_eq!(rec.records.len(), 9);
+        assert!(rec.dropped_tail.as_deref().unwrap().contains("a record cut after"), "{:?}", rec.dropped_tail);
+        // Corrupt a byte in record 5: records 1..4 remain.
+        let mut bytes = fs::read(&seg).unwrap();
+        let mut off = 0;
+        for _ in 0..4 {
+            off += 8 + u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap()) as usize;
+        }
+        bytes[off + 9] ^= 0xff;
+        fs::write(&seg, &bytes).unwrap();
+        let rec = recover(&d).unwrap();
+        assert_eq!(rec.records.len(), 4);
+        assert!(rec.dropped_tail.as_deref().unwrap().contains("wrong checksum"), "{:?}", rec.dropped_tail);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn snapshots_bound_the_log_and_a_damaged_snapshot_stops_the_start() {
+        let d = tmp("snap");
+        open_dir(&d).unwrap();
+        let log = Log::start(&d, FsyncMode::Interval(Duration::from_millis(5)), 0).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for i in 0..5 {
+            let seq = log.append(1, &cmd(i));
+            rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
+        }
+        log.close();
+        write_snapshot(&d, 5, b"core bytes").unwrap();
+        let log = Log::start(&d, FsyncMode::Always, 5).unwrap();
+        let seq = log.append(2, &cmd(9));
+        rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
+        log.close();
+        let rec = recover(&d).unwrap();
+        assert_eq!(rec.snapshot, Some((5, b"core bytes".to_vec())));
+        assert_eq!(rec.records.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
+        let snap = d.join(snapshot_name(5));
+        let mut bytes = fs::read(&snap).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        fs::write(&snap, bytes).unwrap();
+        let err = recover(&d).unwrap_err();
+        assert!(err.contains("is damaged (checksum mismatch)"), "{err}");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_format_is_refused() {
+        let d = tmp("format");
+        open_dir(&d).unwrap();
+        open_dir(&d).unwrap();
+        fs::write(d.join("FORMAT"), "kvpages-data 99\n").unwrap();
+        let err = open_dir(&d).unwrap_err();
+        assert!(err.contains("format version \"99\"; this kvpages reads version 1"), "{err}");
+        let e = tmp("stray");
+        fs::create_dir_all(&e).unwrap();
+        fs::write(e.join("x"), "").unwrap();
+        assert!(open_dir(&e).unwrap_err().contains("not a kvpages data directory"));
+        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&e).unwrap();
+    }
+}

@@ -1,0 +1,263 @@
+//! Durability with the real binary: restarts, `kill -9` under concurrent load, a torn log tail.
+//! Every acknowledged confirm and delete must be there after the restart, and the page counts
+//! must add up.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Proc {
+    // A failed assertion must not leave a server behind (it would hold the test's output pipe).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path, port: u16, extra: &[&str]) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_kvpages"))
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--log", "warn", "--engine", "native"])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("kvpages starts");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let p = Proc { child, addr };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _)) = request(addr, "GET", "/health", "") {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "kvpages did not become ready on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One request on its own connection: (status, body).
+fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.get(9..12).and_then(|c| c.parse().ok()).ok_or_else(|| std::io::Error::other("no status"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}
+
+fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    request(addr, "POST", path, body).unwrap_or((0, String::new()))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvpages-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// free + reserved + committed + quarantined = num_pages on every rank of every space.
+fn assert_pages_add_up(addr: SocketAddr) {
+    let (status, body) = request(addr, "GET", "/stats", "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    for space in json(&body)["spaces"].as_array().unwrap() {
+        for r in space["ranks"].as_array().unwrap() {
+            let sum: u64 =
+                ["free", "reserved", "committed", "quarantined"].iter().map(|k| r[k].as_u64().unwrap()).sum();
+            assert_eq!(sum, r["num_pages"].as_u64().unwrap(), "{r}");
+        }
+    }
+}
+
+/// Saves `key` on both ranks as vLLM's workers do; `Some(pages)` when both confirms were acked.
+fn save(addr: SocketAddr, key: &str) -> Option<[i64; 2]> {
+    let mut pages = [0i64; 2];
+    for rank in 0..2 {
+        let (st, body) = post(addr, "/keys/batch_allocate", &format!(r#"{{"rank":{rank},"keys":[["{key}",""]]}}"#));
+        if st != 200 {
+            return None;
+        }
+        let page = json(&body)["results"][0][1].as_i64()?;
+        if page < 0 {
+            return None;
+        }
+        let (st, _) =
+            post(addr, "/keys/confirm_write", &format!(r#"{{"rank":{rank},"confirmations":[["{key}",{page}]]}}"#));
+        if st != 204 {
+            return None;
+        }
+        pages[rank] = page;
+    }
+    Some(pages)
+}
+
+fn locations(addr: SocketAddr, rank: u32, keys: &[String]) -> Vec<Option<i64>> {
+    let (st, body) = post(addr, "/keys/get_locations", &serde_json::json!({"rank": rank, "keys": keys}).to_string());
+    assert_eq!(st, 200, "{body}");
+    json(&body)["locations"].as_array().unwrap().iter().map(|v| v.as_i64()).collect()
+}
+
+#[test]
+fn a_restart_keeps_ranks_keys_and_pages() {
+    let dir = tmp("restart");
+    let port = free_port();
+    let mut p = start(&dir, port, &[]);
+    for rank in 0..2 {
+        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":64}"#).0, 200);
+    }
+    let keys: Vec<String> = (0..20).map(|i| format!("{i:032x}")).collect();
+    let saved: Vec<[i64; 2]> = keys.iter().map(|k| save(p.addr, k).unwrap()).collect();
+    assert_eq!(post(p.addr, "/keys/delete", r#"{"keys":["00000000000000000000000000000003"]}"#).0, 200);
+    // SIGTERM: a clean stop writes a snapshot.
+    unsafe_term(&p.child);
+    assert!(p.child.wait().unwrap().success());
+    assert!(
+        std::fs::read_dir(&dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("snapshot-"))
+    );
+    let mut p = start(&dir, port, &[]);
+    // vLLM's workers never initialize again: the ranks must still be there.
+    for rank in 0..2u32 {
+        let got = locations(p.addr, rank, &keys);
+        for (i, page) in got.iter().enumerate() {
+            let want = if i == 3 { None } else { Some(saved[i][rank as usize]) };
+            assert_eq!(*page, want, "key {i} rank {rank}");
+        }
+    }
+    assert_pages_add_up(p.addr);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn unsafe_term(child: &Child) {
+    // std has no SIGTERM; the `kill` command sends it.
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+}
+
+#[test]
+fn kill_9_under_load_loses_nothing_acknowledged() {
+    let dir = tmp("kill9");
+    let port = free_port();
+    let mut p = start(&dir, port, &["--snapshot-every", "300"]);
+    for rank in 0..2 {
+        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":100000}"#).0, 200);
+    }
+    // Acknowledged state: key → pages (saved), and keys whose delete was acknowledged.
+    let acked: Arc<Mutex<std::collections::BTreeMap<String, Option<[i64; 2]>>>> = Arc::default();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let rounds = 20;
+    for round in 0..rounds {
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let (stop, acked, addr) = (stop.clone(), acked.clone(), p.addr);
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("{round:08x}{w:08x}{i:016x}");
+                        i += 1;
+                        if let Some(pages) = save(addr, &key) {
+                            acked.lock().unwrap().insert(key.clone(), Some(pages));
+                            if i % 5 == 0 {
+                                let (st, _) = post(addr, "/keys/delete", &format!(r#"{{"keys":["{key}"]}}"#));
+                                if st == 200 {
+                                    acked.lock().unwrap().insert(key, None);
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50 + next() % 250));
+        p.child.kill().unwrap(); // SIGKILL: no clean shutdown, no final snapshot.
+        p.child.wait().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join().unwrap();
+        }
+        p = start(&dir, port, &["--snapshot-every", "300"]);
+        let acked = acked.lock().unwrap();
+        let keys: Vec<String> = acked.keys().cloned().collect();
+        for rank in 0..2u32 {
+            let got = locations(p.addr, rank, &keys);
+            for (k, page) in keys.iter().zip(got) {
+                let want = acked[k].map(|pages| pages[rank as usize]);
+                assert_eq!(page, want, "round {round}: key {k} on rank {rank}");
+            }
+        }
+        assert_pages_add_up(p.addr);
+    }
+    assert!(acked.lock().unwrap().len() > 100, "the load did something: {}", acked.lock().unwrap().len());
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_torn_log_tail_is_cut_and_the_server_starts() {
+    let dir = tmp("torn");
+    let port = free_port();
+    let mut p = start(&dir, port, &[]);
+    assert_eq!(post(p.addr, "/rank/0/initialize", r#"{"num_pages":8}"#).0, 200);
+    let (st, _) = post(p.addr, "/keys/batch_allocate", r#"{"rank":0,"keys":[["a",""]]}"#);
+    assert_eq!(st, 200);
+    assert_eq!(post(p.addr, "/keys/confirm_write", r#"{"rank":0,"confirmations":[["a",0]]}"#).0, 204);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    // Half a record of garbage at the end of the newest segment, as a crash mid-write leaves.
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segs.sort();
+    let last = segs.last().unwrap();
+    std::fs::OpenOptions::new().append(true).open(last).unwrap().write_all(&[200, 0, 0, 0, 1, 2]).unwrap();
+    let mut p = start(&dir, port, &[]);
+    assert_eq!(post(p.addr, "/keys/batch_exists", r#"{"keys":["a"]}"#), (200, r#"{"exists":[true]}"#.into()));
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    // A FORMAT from the future is refused with a message.
+    std::fs::write(dir.join("FORMAT"), "kvpages-data 9\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvpages"))
+        .args(["serve", "--port", &free_port().to_string(), "--engine", "native", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("format version \"9\""), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
