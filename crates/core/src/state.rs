@@ -376,7 +376,8 @@ impl Core {
                 let mut keys = 0u64;
                 for sp in self.spaces.values_mut() {
                     sp.expire(&settings, now);
-                    let slots: Vec<u32> = sp.keys.entries().filter(|(_, e)| e.pages.len() > 0).map(|(s, _)| s).collect();
+                    let slots: Vec<u32> =
+                        sp.keys.entries().filter(|(_, e)| e.pages.len() > 0).map(|(s, _)| s).collect();
                     for slot in slots {
                         sp.lease(slot, now, settings.read_lease);
                         keys += 1;
