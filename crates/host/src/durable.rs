@@ -30,10 +30,14 @@ const SEGMENT_BYTES: u64 = 64 << 20;
 /// No record is larger than this (a request body is at most `--max-body`).
 const MAX_RECORD: u32 = 1 << 30;
 
-/// fsyncs of the log so far, and the time they took (for `/metrics`).
-pub static FSYNCS: AtomicU64 = AtomicU64::new(0);
-/// Total microseconds spent in the log's fsyncs.
-pub static FSYNC_MICROS: AtomicU64 = AtomicU64::new(0);
+/// Bytes of log segments on disk (for `/metrics`).
+static LOG_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn add_log_bytes(delta: i64) {
+    let update = |cur: u64| Some((cur as i64 + delta).max(0) as u64);
+    let old = LOG_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update).expect("always Some");
+    crate::metrics::set_log_bytes(update(old).expect("always Some"));
+}
 
 /// When a record counts as durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,7 +303,9 @@ pub fn write_snapshot(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()>
     let segments = numbered(dir, "wal-", ".log")?;
     for pair in segments.windows(2) {
         if pair[1].0 <= seq + 1 {
+            let len = fs::metadata(&pair[0].1).map_or(0, |m| m.len());
             fs::remove_file(&pair[0].1)?;
+            add_log_bytes(-(len as i64));
         }
     }
     sync_dir(dir)
@@ -342,6 +348,13 @@ impl Log {
             wake: Condvar::new(),
             durable: tx,
         });
+        let existing: u64 = numbered(dir, "wal-", ".log")
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .iter()
+            .map(|(_, p)| fs::metadata(p).map_or(0, |m| m.len()))
+            .sum();
+        LOG_BYTES.store(0, Ordering::Relaxed);
+        add_log_bytes(existing as i64);
         let segment = open_segment(dir, last_seq + 1).map_err(|e| format!("{}: {e}", dir.display()))?;
         let (s, d) = (shared.clone(), dir.to_path_buf());
         let flusher = std::thread::Builder::new()
@@ -441,6 +454,7 @@ fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64)
             if !buf.is_empty() {
                 file.write_all(&buf)?;
                 size += buf.len() as u64;
+                add_log_bytes(buf.len() as i64);
                 unsynced = true;
             }
             let sync_now = match mode {
@@ -450,8 +464,7 @@ fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64)
             if sync_now {
                 let t = Instant::now();
                 file.sync_data()?;
-                FSYNCS.fetch_add(1, Ordering::Relaxed);
-                FSYNC_MICROS.fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+                crate::metrics::observe_fsync(t.elapsed());
                 last_sync = Instant::now();
                 unsynced = false;
             }
