@@ -1,0 +1,264 @@
+//! Conversions between the WIT types and `kvpages-core`'s, and the packed key batches.
+//!
+//! Field for field, no logic: a name means the same thing on both sides (WIT's kebab-case
+//! `num-pages` is the core's `num_pages`).
+
+use alloc::string::ToString;
+use alloc::vec::Vec;
+
+use kvpages_core as kv;
+use kvpages_core::Key;
+
+use crate::bindings::exports::kvpages::engine::engine as wit;
+
+/// Appends one key to a packed batch: its length as a little-endian u16, then its bytes.
+/// (The encoder hosts use; the guest only decodes. Keys longer than u16 are the caller's bug.)
+pub fn pack_key(out: &mut Vec<u8>, key: &str) {
+    let len = u16::try_from(key.len()).expect("keys are at most 1024 bytes");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+}
+
+/// Decodes a packed batch, refusing (never trapping on) anything malformed; `keys[i]` names
+/// the culprit the way the host's JSON errors do.
+pub(crate) fn unpack_keys(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
+    let bad = |i: usize, why: &str| wit::Error::InvalidInput(alloc::format!("keys[{i}]: {why}"));
+    // Each key takes at least 3 bytes, so this never over-allocates by much.
+    let mut keys = Vec::with_capacity(bytes.len() / 3);
+    while !bytes.is_empty() {
+        let i = keys.len();
+        let [lo, hi, rest @ ..] = bytes else { return Err(bad(i, "the length prefix is cut off")) };
+        let len = usize::from(u16::from_le_bytes([*lo, *hi]));
+        if rest.len() < len {
+            return Err(bad(i, &alloc::format!("{len} bytes announced, {} left", rest.len())));
+        }
+        let text = core::str::from_utf8(&rest[..len]).map_err(|_| bad(i, "the key is not UTF-8"))?;
+        keys.push(key(text, i)?);
+        bytes = &rest[len..];
+    }
+    Ok(keys)
+}
+
+/// One key, checked as the core's parser checks it.
+pub(crate) fn key(text: &str, index: usize) -> Result<Key, wit::Error> {
+    Key::parse(text).map_err(|e| wit::Error::InvalidInput(alloc::format!("keys[{index}]: {e}")))
+}
+
+pub(crate) fn space(s: wit::Space) -> kv::Space {
+    match s {
+        wit::Space::Vllm => kv::Space::Vllm,
+        wit::Space::Sglang(wit::SglangSpace { rank, namespace }) => {
+            kv::Space::Sglang { rank, namespace: namespace.into_boxed_str() }
+        }
+    }
+}
+
+fn space_out(s: &kv::Space) -> wit::Space {
+    match s {
+        kv::Space::Vllm => wit::Space::Vllm,
+        kv::Space::Sglang { rank, namespace } => {
+            wit::Space::Sglang(wit::SglangSpace { rank: *rank, namespace: namespace.to_string() })
+        }
+    }
+}
+
+pub(crate) fn settings(s: wit::Settings) -> kv::Settings {
+    kv::Settings {
+        reservation_ttl: s.reservation_ttl,
+        world_size: s.world_size,
+        read_lease: s.read_lease,
+        quarantine: s.quarantine,
+        eviction: match s.eviction {
+            wit::Eviction::Lru => kv::Eviction::Lru,
+            wit::Eviction::Off => kv::Eviction::Off,
+        },
+        evict_high_permille: s.evict_high_permille,
+        evict_low_permille: s.evict_low_permille,
+    }
+}
+
+/// The core's settings as WIT's (for `stats`, and for tests).
+pub fn settings_out(s: kv::Settings) -> wit::Settings {
+    wit::Settings {
+        reservation_ttl: s.reservation_ttl,
+        world_size: s.world_size,
+        read_lease: s.read_lease,
+        quarantine: s.quarantine,
+        eviction: match s.eviction {
+            kv::Eviction::Lru => wit::Eviction::Lru,
+            kv::Eviction::Off => wit::Eviction::Off,
+        },
+        evict_high_permille: s.evict_high_permille,
+        evict_low_permille: s.evict_low_permille,
+    }
+}
+
+pub(crate) fn init_outcome(o: kv::InitOutcome) -> wit::InitOutcome {
+    match o {
+        kv::InitOutcome::Created { joined_after_keys } => wit::InitOutcome::Created(joined_after_keys),
+        kv::InitOutcome::Unchanged => wit::InitOutcome::Unchanged,
+        kv::InitOutcome::Recreated { old_num_pages, dropped_keys } => {
+            wit::InitOutcome::Recreated(wit::Recreated { old_num_pages, dropped_keys })
+        }
+    }
+}
+
+pub(crate) fn allocation(a: &kv::Allocation) -> wit::Allocation {
+    wit::Allocation { index: a.index, page: a.page, cached: a.cached }
+}
+
+fn refused(r: &kv::Refused) -> wit::Refused {
+    wit::Refused {
+        index: r.index,
+        page: r.page,
+        reason: match r.reason {
+            kv::Refusal::NotReserved => wit::Refusal::NotReserved,
+            kv::Refusal::ReservedForAnotherKey => wit::Refusal::ReservedForAnotherKey,
+            kv::Refusal::CommittedToAnotherKey => wit::Refusal::CommittedToAnotherKey,
+        },
+    }
+}
+
+pub(crate) fn confirm_report(r: kv::ConfirmReport) -> wit::ConfirmReport {
+    wit::ConfirmReport {
+        committed: r.committed,
+        unchanged: r.unchanged,
+        superseded: r.superseded,
+        refused: r.refused.iter().map(refused).collect(),
+        released: r.released,
+        ignored_releases: r
+            .ignored_releases
+            .iter()
+            .map(|&(page, why)| wit::IgnoredRelease {
+                page,
+                reason: match why {
+                    kv::IgnoredRelease::AlreadyFree => wit::IgnoredReason::AlreadyFree,
+                    kv::IgnoredRelease::Committed => wit::IgnoredReason::Committed,
+                },
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn key_info(k: &kv::KeyInfo) -> wit::KeyInfo {
+    wit::KeyInfo {
+        key: k.key.to_string(),
+        pages: k.pages.iter().map(|&(rank, page)| wit::RankPage { rank, page }).collect(),
+        complete: k.complete,
+        reservations: k.reservations,
+        lease_remaining: k.lease_remaining,
+        evictable: k.evictable,
+    }
+}
+
+fn counters(c: &kv::Counters) -> wit::Counters {
+    wit::Counters {
+        reserved: c.reserved,
+        cache_hits: c.cache_hits,
+        misses: c.misses,
+        committed: c.committed,
+        refused_confirms: c.refused_confirms,
+        superseded: c.superseded,
+        released: c.released,
+        ignored_releases: c.ignored_releases,
+        expired_reservations: c.expired_reservations,
+        dropped_keys: c.dropped_keys,
+        evictions: c.evictions,
+        deleted: c.deleted,
+        quarantined_pages: c.quarantined_pages,
+        location_hits: c.location_hits,
+        location_misses: c.location_misses,
+    }
+}
+
+pub(crate) fn stats(s: &kv::Stats) -> wit::EngineStats {
+    wit::EngineStats {
+        settings: settings_out(s.settings),
+        spaces: s
+            .spaces
+            .iter()
+            .map(|sp| wit::SpaceStats {
+                space: space_out(&sp.space),
+                keys: sp.keys,
+                pending_keys: sp.pending_keys,
+                world_size: sp.world_size,
+                ranks: sp
+                    .ranks
+                    .iter()
+                    .map(|r| wit::RankStats {
+                        rank: r.rank,
+                        num_pages: r.num_pages,
+                        pages: wit::PageCounts {
+                            free: r.pages.free,
+                            reserved: r.pages.reserved,
+                            committed: r.pages.committed,
+                            leased: r.pages.leased,
+                            quarantined: r.pages.quarantined,
+                        },
+                    })
+                    .collect(),
+                counters: counters(&sp.counters),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn error(e: &kv::Error) -> wit::Error {
+    match e {
+        kv::Error::RankNotInitialized { rank } => wit::Error::RankNotInitialized(*rank),
+        kv::Error::ZeroPages { rank } => wit::Error::ZeroPages(*rank),
+        kv::Error::RankOutsideWorld { rank, world_size } => {
+            wit::Error::RankOutsideWorld(wit::RankOutsideWorld { rank: *rank, world_size: *world_size })
+        }
+        kv::Error::PageOutOfRange { rank, page, num_pages, place } => wit::Error::PageOutOfRange(wit::PageOutOfRange {
+            rank: *rank,
+            page: *page,
+            num_pages: *num_pages,
+            place: match place {
+                kv::PagePlace::Confirmation(i) => wit::PagePlace::Confirmation(*i),
+                kv::PagePlace::Release(i) => wit::PagePlace::Release(*i),
+            },
+        }),
+        kv::Error::SglangPoolsExist { pools } => wit::Error::SglangPoolsExist(*pools),
+        kv::Error::ImportRefused { reason } => wit::Error::ImportRefused(reason.clone()),
+        kv::Error::NothingConfirmed { refused: r } => wit::Error::NothingConfirmed(r.iter().map(refused).collect()),
+    }
+}
+
+pub(crate) fn sglang_pool(p: wit::SglangPool, index: usize) -> Result<kv::SglangPool, wit::Error> {
+    let keys = unpack_keys(&p.keys).map_err(|e| match e {
+        wit::Error::InvalidInput(m) => wit::Error::InvalidInput(alloc::format!("pools[{index}].{m}")),
+        other => other,
+    })?;
+    if keys.len() != p.pages.len() {
+        return Err(wit::Error::InvalidInput(alloc::format!(
+            "pools[{index}]: {} keys but {} pages",
+            keys.len(),
+            p.pages.len()
+        )));
+    }
+    Ok(kv::SglangPool {
+        rank: p.rank,
+        namespace: p.namespace.into_boxed_str(),
+        num_pages: p.num_pages,
+        free_pages: p.free_pages,
+        keys: keys.into_iter().zip(p.pages).collect(),
+    })
+}
+
+pub(crate) fn sglang_pool_out(p: &kv::SglangPool) -> wit::SglangPool {
+    let mut keys = Vec::new();
+    let mut pages = Vec::with_capacity(p.keys.len());
+    for (k, page) in &p.keys {
+        pack_key(&mut keys, &k.to_string());
+        pages.push(*page);
+    }
+    wit::SglangPool {
+        rank: p.rank,
+        namespace: p.namespace.to_string(),
+        num_pages: p.num_pages,
+        free_pages: p.free_pages.clone(),
+        keys,
+        pages,
+    }
+}

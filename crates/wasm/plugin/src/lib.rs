@@ -1,0 +1,271 @@
+//! kvpages-plugin: `kvpages-core` as a WebAssembly component exporting `kvpages:engine/engine`
+//! (`wit/kvpages.wit`), for kvpages' own wasmtime engine and any other component-model host.
+//!
+//! # Layout
+//! - this file: the component's global state (one [`Core`]) and the `Guest` implementation, one
+//!   function per command, each a conversion WIT → [`Command`] → [`Core::apply`] → WIT.
+//! - [`convert`]: the type conversions, both ways, and the packed key batches.
+//! - `chaos` (feature `chaos`, tests only): misbehaviour on magic keys.
+//!
+//! The guest is thin on purpose: no rule of the cache lives here, so the plugin cannot drift from
+//! the native engine (a differential test in the host checks that command by command).
+//!
+//! `no_std` + alloc: on wasm32 the crate brings its own allocator (dlmalloc) and panic handler
+//! (a panic aborts, which the host sees as a trap). On other targets std is linked only to
+//! provide those two, so the workspace still builds and unit-tests natively; the code itself
+//! never uses std.
+#![no_std]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+extern crate alloc;
+#[cfg(not(target_arch = "wasm32"))]
+extern crate std;
+
+#[cfg(feature = "chaos")]
+mod chaos;
+pub mod convert;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::cell::RefCell;
+
+use kvpages_core::{Command, Core, Reply};
+
+use crate::bindings::exports::kvpages::engine::engine as wit;
+
+#[allow(missing_docs, unreachable_pub, missing_debug_implementations, clippy::all)]
+mod bindings {
+    wit_bindgen::generate!({
+        path: "../../../wit",
+        world: "plugin",
+        // PartialEq for the unit tests' assertions; Clone for hosts of the rlib.
+        additional_derives: [PartialEq, Clone],
+    });
+}
+
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+#[cfg(target_arch = "wasm32")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    // The host sees `unreachable` as a trap and rebuilds the engine; the state before the
+    // failing call is restored there, so nothing is lost by not unwinding.
+    core::arch::wasm32::unreachable()
+}
+
+/// The component's one engine. A component instance runs on one thread and wasm has no
+/// re-entrancy without imports, so a `RefCell` in a `static` is sound here.
+struct State(RefCell<Option<Core>>);
+
+// SAFETY: wasm32 components are single-threaded (no threads proposal is enabled and the crate
+// imports nothing that could spawn one); on native targets the static is only touched by the
+// unit tests, which run the guest functions on one thread at a time through `TEST_LOCK`.
+unsafe impl Sync for State {}
+
+static STATE: State = State(RefCell::new(None));
+
+/// Serialises native unit tests that drive the global state.
+#[cfg(not(target_arch = "wasm32"))]
+pub static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn apply(now: u64, cmd: &Command) -> Result<Reply, wit::Error> {
+    let mut state = STATE.0.borrow_mut();
+    let core = state.as_mut().ok_or(wit::Error::NotCreated)?;
+    core.apply(now, cmd).map_err(|e| convert::error(&e))
+}
+
+/// The reply a command must give, or a fault: a reply of another kind would be a bug in the
+/// core, and aborting turns it into a trap the host recovers from.
+macro_rules! expect {
+    ($reply:expr, $pat:pat => $out:expr) => {
+        match $reply {
+            $pat => $out,
+            other => panic!("unexpected reply {other:?}"),
+        }
+    };
+}
+
+/// The exported functions.
+#[derive(Debug)]
+pub struct Plugin;
+
+impl wit::Guest for Plugin {
+    fn create(seed: u64, settings: wit::Settings) {
+        *STATE.0.borrow_mut() = Some(Core::new(seed, convert::settings(settings)));
+    }
+
+    fn configure(now: u64, settings: wit::Settings) -> Result<(), wit::Error> {
+        let reply = apply(now, &Command::Configure(convert::settings(settings)))?;
+        expect!(reply, Reply::Configured => Ok(()))
+    }
+
+    fn initialize(now: u64, space: wit::Space, rank: u32, num_pages: u32) -> Result<wit::InitOutcome, wit::Error> {
+        let reply = apply(now, &Command::Initialize { space: convert::space(space), rank, num_pages })?;
+        expect!(reply, Reply::Initialized { outcome, .. } => Ok(convert::init_outcome(outcome)))
+    }
+
+    fn allocate(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<wit::Allocation>, wit::Error> {
+        let keys = convert::unpack_keys(&keys)?;
+        #[cfg(feature = "chaos")]
+        let after = chaos::before(&keys);
+        let reply = apply(now, &Command::Allocate { space: convert::space(space), rank, keys })?;
+        #[cfg(feature = "chaos")]
+        chaos::after(after);
+        expect!(reply, Reply::Allocated(a) => Ok(a.iter().map(convert::allocation).collect()))
+    }
+
+    fn confirm(
+        now: u64,
+        space: wit::Space,
+        rank: u32,
+        keys: Vec<u8>,
+        pages: Vec<u32>,
+        releases: Vec<u32>,
+    ) -> Result<wit::ConfirmReport, wit::Error> {
+        let keys = convert::unpack_keys(&keys)?;
+        if keys.len() != pages.len() {
+            return Err(wit::Error::InvalidInput(alloc::format!(
+                "{} keys but {} pages: confirmations need one page per key",
+                keys.len(),
+                pages.len()
+            )));
+        }
+        let confirmations = keys.into_iter().zip(pages).collect();
+        let reply = apply(now, &Command::Confirm { space: convert::space(space), rank, confirmations, releases })?;
+        expect!(reply, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
+    }
+
+    fn exists(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<Vec<bool>, wit::Error> {
+        let keys = convert::unpack_keys(&keys)?;
+        let reply = apply(now, &Command::Exists { space: convert::space(space), keys })?;
+        expect!(reply, Reply::Exists(e) => Ok(e))
+    }
+
+    fn locations(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<Option<u32>>, wit::Error> {
+        let keys = convert::unpack_keys(&keys)?;
+        let reply = apply(now, &Command::Locations { space: convert::space(space), rank, keys })?;
+        expect!(reply, Reply::Locations(l) => Ok(l))
+    }
+
+    fn delete(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<u32, wit::Error> {
+        let keys = convert::unpack_keys(&keys)?;
+        let reply = apply(now, &Command::Delete { space: convert::space(space), keys })?;
+        expect!(reply, Reply::Deleted(n) => Ok(n))
+    }
+
+    fn inspect(now: u64, space: wit::Space, key: String) -> Result<Option<wit::KeyInfo>, wit::Error> {
+        let key = convert::key(&key, 0)?;
+        let reply = apply(now, &Command::Inspect { space: convert::space(space), key })?;
+        expect!(reply, Reply::Key(k) => Ok(k.map(|k| convert::key_info(&k))))
+    }
+
+    fn clear(now: u64, space: wit::Space) -> Result<wit::Cleared, wit::Error> {
+        let reply = apply(now, &Command::Clear { space: convert::space(space) })?;
+        expect!(reply, Reply::Cleared { ranks, keys } => Ok(wit::Cleared { ranks, keys }))
+    }
+
+    fn reset(now: u64, space: wit::Space) -> Result<wit::Cleared, wit::Error> {
+        let reply = apply(now, &Command::Reset { space: convert::space(space) })?;
+        expect!(reply, Reply::Cleared { ranks, keys } => Ok(wit::Cleared { ranks, keys }))
+    }
+
+    fn stats(now: u64) -> Result<wit::EngineStats, wit::Error> {
+        let reply = apply(now, &Command::Stats)?;
+        expect!(reply, Reply::Stats(s) => Ok(convert::stats(&s)))
+    }
+
+    fn import_sglang(now: u64, pools: Vec<wit::SglangPool>, replace: bool) -> Result<wit::Imported, wit::Error> {
+        let pools =
+            pools.into_iter().enumerate().map(|(i, p)| convert::sglang_pool(p, i)).collect::<Result<Vec<_>, _>>()?;
+        let reply = apply(now, &Command::ImportSglang { pools, replace })?;
+        expect!(reply, Reply::Imported { pools, keys, leaked_pages } => Ok(wit::Imported { pools, keys, leaked_pages }))
+    }
+
+    fn export_sglang(now: u64) -> Result<Vec<wit::SglangPool>, wit::Error> {
+        let reply = apply(now, &Command::ExportSglang)?;
+        expect!(reply, Reply::SglangPools(p) => Ok(p.iter().map(convert::sglang_pool_out).collect()))
+    }
+
+    fn lease_all(now: u64) -> Result<u64, wit::Error> {
+        let reply = apply(now, &Command::LeaseAll)?;
+        expect!(reply, Reply::Leased(n) => Ok(n))
+    }
+
+    fn snapshot() -> Result<Vec<u8>, wit::Error> {
+        let state = STATE.0.borrow();
+        Ok(state.as_ref().ok_or(wit::Error::NotCreated)?.snapshot())
+    }
+
+    fn restore(snapshot: Vec<u8>) -> Result<(), wit::Error> {
+        let core = Core::restore(&snapshot).map_err(|e| wit::Error::SnapshotInvalid(alloc::format!("{e}")))?;
+        *STATE.0.borrow_mut() = Some(core);
+        Ok(())
+    }
+}
+
+// Only wasm32 exports the functions: native linkers refuse the component-model export names
+// (`kvpages:engine/engine@0.1.0#allocate`), and native code (the unit tests) calls `Plugin`.
+#[cfg(target_arch = "wasm32")]
+bindings::export!(Plugin with_types_in bindings);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wit::Guest;
+
+    fn packed(keys: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for k in keys {
+            convert::pack_key(&mut out, k);
+        }
+        out
+    }
+
+    #[test]
+    fn a_cycle_through_the_guest_functions() {
+        let _serial = TEST_LOCK.lock().unwrap();
+        *STATE.0.borrow_mut() = None;
+        assert_eq!(Plugin::stats(0).unwrap_err(), wit::Error::NotCreated);
+        Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
+        let sp = || wit::Space::Vllm;
+        assert!(matches!(Plugin::initialize(1, sp(), 0, 8), Ok(wit::InitOutcome::Created(false))));
+        let keys = packed(&["386b2d9cf5aa91ba3a4b42c35396c822", "k2", "k2"]);
+        let a = Plugin::allocate(2, sp(), 0, keys.clone()).unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!((a[0].page, a[1].page, a[1].index), (Some(0), Some(1), 1));
+        let two = packed(&["386b2d9cf5aa91ba3a4b42c35396c822", "k2"]);
+        let r = Plugin::confirm(3, sp(), 0, two.clone(), alloc::vec![0, 1], alloc::vec![]).unwrap();
+        assert_eq!(r.committed, 2);
+        assert_eq!(Plugin::exists(4, sp(), keys).unwrap(), alloc::vec![true, true, true]);
+        assert_eq!(Plugin::locations(5, sp(), 0, two.clone()).unwrap(), alloc::vec![Some(0), Some(1)]);
+        let info = Plugin::inspect(6, sp(), "k2".into()).unwrap().unwrap();
+        assert_eq!((info.key.as_str(), info.pages.len()), ("k2", 1));
+        let snap = Plugin::snapshot().unwrap();
+        assert_eq!(Plugin::delete(7, sp(), two.clone()).unwrap(), 2);
+        Plugin::restore(snap).unwrap();
+        assert_eq!(Plugin::locations(8, sp(), 0, two).unwrap(), alloc::vec![Some(0), Some(1)]);
+        assert!(matches!(Plugin::restore(alloc::vec![1, 2, 3]), Err(wit::Error::SnapshotInvalid(_))));
+        assert_eq!(Plugin::clear(9, sp()).unwrap(), wit::Cleared { ranks: 1, keys: 2 });
+        assert_eq!(Plugin::allocate(10, sp(), 0, packed(&["x"])).unwrap_err(), wit::Error::RankNotInitialized(0));
+    }
+
+    #[test]
+    fn malformed_arguments_are_refused_not_trapped() {
+        let _serial = TEST_LOCK.lock().unwrap();
+        Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
+        let sp = || wit::Space::Vllm;
+        Plugin::initialize(1, sp(), 0, 8).unwrap();
+        for (bytes, why) in [
+            (alloc::vec![5u8], "keys[0]: the length prefix is cut off"),
+            (alloc::vec![3, 0, b'a'], "keys[0]: 3 bytes announced, 1 left"),
+            (alloc::vec![0, 0], "keys[0]: key is empty"),
+            (alloc::vec![1, 0, 0xff], "keys[0]: the key is not UTF-8"),
+        ] {
+            assert_eq!(Plugin::exists(2, sp(), bytes).unwrap_err(), wit::Error::InvalidInput(why.into()));
+        }
+        let r = Plugin::confirm(2, sp(), 0, packed(&["a"]), alloc::vec![], alloc::vec![]);
+        assert!(matches!(r, Err(wit::Error::InvalidInput(_))));
+    }
+}
