@@ -3,7 +3,9 @@
 //! - `cargo xtask test`: installs what the tests need (Python's pytest and requests, a no_std
 //!   Rust target), builds the workspace, runs every Rust and Python test, proves `kvpages-core`
 //!   builds without std, and fails if any step fails or no test ran.
-//! - `cargo xtask serve [FLAGS]`: builds the release binary and runs `kvpages serve FLAGS`.
+//! - `cargo xtask serve [FLAGS]`: builds the plugin and the release binary, runs `kvpages serve FLAGS`.
+//! - `cargo xtask plugin`: builds the wasm plugin component the server embeds (see `plugin.rs`;
+//!   `KVPAGES_WASM_ROUTE=rustup|debian` picks how the wasm32 compiler is obtained).
 //! - `cargo xtask bench [--quick | --report-only]`: the performance report in `docs/bench/` (see `bench.rs`).
 //!
 //! Every step prints what it runs. Set `KVPAGES_NOSTD_ROUTE=debian` to force the fallback
@@ -16,6 +18,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 mod bench;
+mod plugin;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -25,9 +28,10 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("serve") => serve(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
+        Some("plugin") => plugin::build().map(|_| ()),
         _ => {
             eprintln!(
-                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only]"
+                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin"
             );
             return ExitCode::from(2);
         }
@@ -214,6 +218,8 @@ fn nostd_build() -> Result<()> {
 
 fn test() -> Result<()> {
     let start = Instant::now();
+    // First: the host embeds the plugin, so nothing of the host builds without it.
+    let route = plugin::build()?;
     ensure_python()?;
     nostd_build()?;
 
@@ -232,10 +238,16 @@ fn test() -> Result<()> {
     ]))?;
     let (py_passed, py_failed) = count_pytest(&lines);
 
+    let (other_passed, other_failed) = plugin::test_other_route(route)?;
+    let (js_passed, js_failed) = plugin::portability()?;
+    let (rust_passed, rust_failed) = (rust_passed + other_passed, rust_failed + other_failed);
     bench_smoke(&bin)?;
 
-    let (passed, failed) = (rust_passed + py_passed, rust_failed + py_failed);
-    println!("\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, in {:.0?}", start.elapsed());
+    let (passed, failed) = (rust_passed + py_passed + js_passed, rust_failed + py_failed + js_failed);
+    println!(
+        "\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, Node (the plugin in jco) {js_passed} passed, in {:.0?}",
+        start.elapsed()
+    );
     println!("{passed} passed, {failed} failed");
     if rust_passed == 0 || py_passed == 0 {
         return Err("no tests ran (a suite reported 0 passed)".into());
@@ -258,6 +270,7 @@ fn bench_smoke(bin: &Path) -> Result<()> {
 }
 
 fn serve(args: &[String]) -> Result<()> {
+    plugin::build()?;
     step("build the release binary");
     run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
     step("kvpages serve");
