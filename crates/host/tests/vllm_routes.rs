@@ -29,7 +29,7 @@ fn initialize_answers_the_peers_texts() {
     s.post("/rank/007/initialize", init_body(3)).expect_json(200, &message(7, 3));
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0},{"committed":0,"free":3,"num_pages":3,"quarantined":0,"rank":7,"reserved":0}],"status":"serving","world_size":3}"#
+        r#"{"engine":"wasm","keys":0,"ranks":[{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":1024,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0},{"committed":0,"free":3,"num_pages":3,"quarantined":0,"rank":7,"reserved":0}],"status":"serving","world_size":3}"#
     );
 }
 
@@ -69,7 +69,7 @@ fn one_rank_allocate_confirm_exists_locations() {
         .expect_json(200, r#"{"rank":0,"results":[["k3",2]]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":1,"ranks":[{"committed":1,"free":1022,"num_pages":1024,"quarantined":0,"rank":0,"reserved":1}],"status":"serving","world_size":1}"#
+        r#"{"engine":"wasm","keys":1,"ranks":[{"committed":1,"free":1022,"num_pages":1024,"quarantined":0,"rank":0,"reserved":1}],"status":"serving","world_size":1}"#
     );
     // `keys` counts every key the server holds a page for, reserved ones (k3) included.
 }
@@ -119,7 +119,7 @@ fn a_save_and_load_cycle_on_two_ranks() {
     assert_eq!(s.locations(1, &keys), r#"{"locations":[0,1,5]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":3,"ranks":[{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
+        r#"{"engine":"wasm","keys":3,"ranks":[{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":0,"reserved":0},{"committed":3,"free":1021,"num_pages":1024,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
     );
 }
 
@@ -222,7 +222,7 @@ fn initializing_with_another_size_drops_the_keys_on_every_rank() {
     assert_eq!(s.locations(1, &["a", "b"]), r#"{"locations":[null,null]}"#);
     assert_eq!(
         s.health_without_uptime(),
-        r#"{"engine":"native","keys":0,"ranks":[{"committed":0,"free":8,"num_pages":8,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":16,"num_pages":16,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
+        r#"{"engine":"wasm","keys":0,"ranks":[{"committed":0,"free":8,"num_pages":8,"quarantined":0,"rank":0,"reserved":0},{"committed":0,"free":16,"num_pages":16,"quarantined":0,"rank":1,"reserved":0}],"status":"serving","world_size":2}"#
     );
     // The re-created pool starts at page 0 again; rank 0's freed pages are handed out again.
     assert_eq!(s.allocate(1, &["c"]), vec![("c".into(), 0)]);
@@ -277,14 +277,14 @@ fn health_has_its_shape() {
     names.sort();
     assert_eq!(names, ["engine", "keys", "ranks", "status", "uptime_seconds", "world_size"]);
     assert_eq!(v["status"], "serving");
-    assert_eq!(v["engine"], "native");
+    assert_eq!(v["engine"], "wasm");
     assert!(v["uptime_seconds"].as_f64().is_some_and(|u| u >= 0.0), "{v}");
     assert_eq!(v["world_size"], 0);
     assert_eq!(v["keys"], 0);
     assert_eq!(v["ranks"], serde_json::json!([]));
     // Compact JSON in the member order of the peer-facing docs.
     let text = r.text();
-    assert!(text.starts_with(r#"{"status":"serving","engine":"native","uptime_seconds":"#), "{text}");
+    assert!(text.starts_with(r#"{"status":"serving","engine":"wasm","uptime_seconds":"#), "{text}");
     assert!(text.ends_with(r#","world_size":0,"keys":0,"ranks":[]}"#), "{text}");
     assert!(!text.contains(' ') && !text.contains('\n'), "{text}");
 
@@ -393,10 +393,7 @@ fn clear_drops_every_rank_and_key() {
     let r = s.post("/clear", b"\xff not json at all");
     r.expect_no_content();
     assert_eq!(r.content_type, None);
-    assert_eq!(
-        s.health_without_uptime(),
-        r#"{"engine":"native","keys":0,"ranks":[],"status":"serving","world_size":0}"#
-    );
+    assert_eq!(s.health_without_uptime(), r#"{"engine":"wasm","keys":0,"ranks":[],"status":"serving","world_size":0}"#);
     assert_eq!(s.exists(&["a"]), r#"{"exists":[false]}"#);
     s.post("/keys/get_locations", r#"{"rank":0,"keys":["a"]}"#).expect_detail(404, "Rank 0 not initialized");
     s.post("/keys/batch_allocate", r#"{"rank":1,"keys":[["a",""]]}"#).expect_detail(404, "Rank 1 not initialized");

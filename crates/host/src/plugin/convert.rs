@@ -1,0 +1,389 @@
+//! `Command` → one WIT call → `Reply`: the host side of `wit/kvpages.wit`, field for field.
+//!
+//! The guest's domain errors come back as the core's [`kvpages_core::Error`], so the routes
+//! answer them exactly as for the native engine. The WIT-only errors (`invalid-input`,
+//! `not-created`, ...) mean the host sent something it never should: a fault.
+
+use kvpages_core as kv;
+use kvpages_core::{Command, Key, Millis, Reply};
+
+use super::bindings::exports::kvpages::engine::engine as wit;
+use super::sandbox::{Budget, Instance, Trap};
+use crate::engine::EngineError;
+
+/// The command's name, for logs.
+pub(super) fn name(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::Configure(_) => "configure",
+        Command::Initialize { .. } => "initialize",
+        Command::Allocate { .. } => "allocate",
+        Command::Confirm { .. } => "confirm",
+        Command::Exists { .. } => "exists",
+        Command::Locations { .. } => "locations",
+        Command::Delete { .. } => "delete",
+        Command::Inspect { .. } => "inspect",
+        Command::Reset { .. } => "reset",
+        Command::Clear { .. } => "clear",
+        Command::Stats => "stats",
+        Command::ImportSglang { .. } => "import-sglang",
+        Command::ExportSglang => "export-sglang",
+        Command::LeaseAll => "lease-all",
+    }
+}
+
+/// Keys (and pages) a command carries: what its time budget and journal weight grow with.
+pub(super) fn keys_in(cmd: &Command) -> usize {
+    match cmd {
+        Command::Allocate { keys, .. }
+        | Command::Exists { keys, .. }
+        | Command::Locations { keys, .. }
+        | Command::Delete { keys, .. } => keys.len(),
+        Command::Confirm { confirmations, releases, .. } => confirmations.len() + releases.len(),
+        Command::ImportSglang { pools, .. } => pools.iter().map(|p| p.keys.len() + p.free_pages.len()).sum(),
+        _ => 0,
+    }
+}
+
+/// Appends keys as `u16le length ++ text`, the `packed-keys` format.
+fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for key in keys {
+        match key {
+            // The common case (vLLM's and SGLang's keys), written without the formatting machinery.
+            Key::Hex(bytes) => {
+                out.extend_from_slice(&32u16.to_le_bytes());
+                for b in bytes {
+                    out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+                }
+            }
+            // Keys are at most 1024 bytes (`Key::parse`), far below u16::MAX.
+            Key::Text(text) => {
+                out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    }
+}
+
+fn packed<'a>(keys: impl IntoIterator<Item = &'a Key>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    pack(&mut out, keys);
+    out
+}
+
+fn space(s: &kv::Space) -> wit::Space {
+    match s {
+        kv::Space::Vllm => wit::Space::Vllm,
+        kv::Space::Sglang { rank, namespace } => {
+            wit::Space::Sglang(wit::SglangSpace { rank: *rank, namespace: namespace.to_string() })
+        }
+    }
+}
+
+fn space_in(s: wit::Space) -> kv::Space {
+    match s {
+        wit::Space::Vllm => kv::Space::Vllm,
+        wit::Space::Sglang(p) => kv::Space::Sglang { rank: p.rank, namespace: p.namespace.into_boxed_str() },
+    }
+}
+
+pub(super) fn settings(s: kv::Settings) -> wit::Settings {
+    wit::Settings {
+        reservation_ttl: s.reservation_ttl,
+        world_size: s.world_size,
+        read_lease: s.read_lease,
+        quarantine: s.quarantine,
+        eviction: match s.eviction {
+            kv::Eviction::Lru => wit::Eviction::Lru,
+            kv::Eviction::Off => wit::Eviction::Off,
+        },
+        evict_high_permille: s.evict_high_permille,
+        evict_low_permille: s.evict_low_permille,
+    }
+}
+
+fn settings_in(s: wit::Settings) -> kv::Settings {
+    kv::Settings {
+        reservation_ttl: s.reservation_ttl,
+        world_size: s.world_size,
+        read_lease: s.read_lease,
+        quarantine: s.quarantine,
+        eviction: match s.eviction {
+            wit::Eviction::Lru => kv::Eviction::Lru,
+            wit::Eviction::Off => kv::Eviction::Off,
+        },
+        evict_high_permille: s.evict_high_permille,
+        evict_low_permille: s.evict_low_permille,
+    }
+}
+
+fn refused(r: wit::Refused) -> kv::Refused {
+    kv::Refused {
+        index: r.index,
+        page: r.page,
+        reason: match r.reason {
+            wit::Refusal::NotReserved => kv::Refusal::NotReserved,
+            wit::Refusal::ReservedForAnotherKey => kv::Refusal::ReservedForAnotherKey,
+            wit::Refusal::CommittedToAnotherKey => kv::Refusal::CommittedToAnotherKey,
+        },
+    }
+}
+
+fn error(e: wit::Error) -> EngineError {
+    EngineError::Domain(match e {
+        wit::Error::RankNotInitialized(rank) => kv::Error::RankNotInitialized { rank },
+        wit::Error::ZeroPages(rank) => kv::Error::ZeroPages { rank },
+        wit::Error::RankOutsideWorld(r) => kv::Error::RankOutsideWorld { rank: r.rank, world_size: r.world_size },
+        wit::Error::PageOutOfRange(p) => kv::Error::PageOutOfRange {
+            rank: p.rank,
+            page: p.page,
+            num_pages: p.num_pages,
+            place: match p.place {
+                wit::PagePlace::Confirmation(i) => kv::PagePlace::Confirmation(i),
+                wit::PagePlace::Release(i) => kv::PagePlace::Release(i),
+            },
+        },
+        wit::Error::SglangPoolsExist(pools) => kv::Error::SglangPoolsExist { pools },
+        wit::Error::ImportRefused(reason) => kv::Error::ImportRefused { reason },
+        wit::Error::NothingConfirmed(r) => {
+            kv::Error::NothingConfirmed { refused: r.into_iter().map(refused).collect() }
+        }
+        other => return EngineError::Fault(format!("the plugin refused a call the host built: {other:?}")),
+    })
+}
+
+fn key(text: &str) -> Result<Key, EngineError> {
+    Key::parse(text).map_err(|e| EngineError::Fault(format!("the plugin answered a key that does not parse: {e}")))
+}
+
+fn unpack(bytes: &[u8]) -> Result<Vec<Key>, EngineError> {
+    let bad = || EngineError::Fault("the plugin answered a malformed key batch".into());
+    let mut keys = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let [lo, hi, tail @ ..] = rest else { return Err(bad()) };
+        let len = usize::from(u16::from_le_bytes([*lo, *hi]));
+        let text = tail.get(..len).and_then(|b| std::str::from_utf8(b).ok()).ok_or_else(bad)?;
+        keys.push(key(text)?);
+        rest = &tail[len..];
+    }
+    Ok(keys)
+}
+
+fn stats(s: wit::EngineStats) -> kv::Stats {
+    kv::Stats {
+        settings: settings_in(s.settings),
+        spaces: s
+            .spaces
+            .into_iter()
+            .map(|sp| kv::SpaceStats {
+                space: space_in(sp.space),
+                keys: sp.keys,
+                pending_keys: sp.pending_keys,
+                world_size: sp.world_size,
+                ranks: sp
+                    .ranks
+                    .into_iter()
+                    .map(|r| kv::RankStats {
+                        rank: r.rank,
+                        num_pages: r.num_pages,
+                        pages: kv::PageCounts {
+                            free: r.pages.free,
+                            reserved: r.pages.reserved,
+                            committed: r.pages.committed,
+                            leased: r.pages.leased,
+                            quarantined: r.pages.quarantined,
+                        },
+                    })
+                    .collect(),
+                counters: {
+                    let c = sp.counters;
+                    kv::Counters {
+                        reserved: c.reserved,
+                        cache_hits: c.cache_hits,
+                        misses: c.misses,
+                        committed: c.committed,
+                        refused_confirms: c.refused_confirms,
+                        superseded: c.superseded,
+                        released: c.released,
+                        ignored_releases: c.ignored_releases,
+                        expired_reservations: c.expired_reservations,
+                        dropped_keys: c.dropped_keys,
+                        evictions: c.evictions,
+                        deleted: c.deleted,
+                        quarantined_pages: c.quarantined_pages,
+                        location_hits: c.location_hits,
+                        location_misses: c.location_misses,
+                    }
+                },
+            })
+            .collect(),
+    }
+}
+
+fn key_info(k: wit::KeyInfo) -> Result<kv::KeyInfo, EngineError> {
+    Ok(kv::KeyInfo {
+        key: key(&k.key)?,
+        pages: k.pages.into_iter().map(|p| (p.rank, p.page)).collect(),
+        complete: k.complete,
+        reservations: k.reservations,
+        lease_remaining: k.lease_remaining,
+        evictable: k.evictable,
+    })
+}
+
+fn sglang_pool(p: &kv::SglangPool) -> wit::SglangPool {
+    wit::SglangPool {
+        rank: p.rank,
+        namespace: p.namespace.to_string(),
+        num_pages: p.num_pages,
+        free_pages: p.free_pages.clone(),
+        keys: packed(p.keys.iter().map(|(k, _)| k)),
+        pages: p.keys.iter().map(|(_, page)| *page).collect(),
+    }
+}
+
+fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
+    let keys = unpack(&p.keys)?;
+    if keys.len() != p.pages.len() {
+        return Err(EngineError::Fault("the plugin answered a pool with keys and pages of unequal length".into()));
+    }
+    Ok(kv::SglangPool {
+        rank: p.rank,
+        namespace: p.namespace.into_boxed_str(),
+        num_pages: p.num_pages,
+        free_pages: p.free_pages,
+        keys: keys.into_iter().zip(p.pages).collect(),
+    })
+}
+
+/// Applies `cmd` through one call into `inst`. The outer `Err` is a trap; the inner result is
+/// what the native engine would answer.
+pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Result<Reply, EngineError>, Trap> {
+    let budget = match cmd {
+        Command::Configure(_)
+        | Command::Initialize { .. }
+        | Command::Clear { .. }
+        | Command::Reset { .. }
+        | Command::ExportSglang
+        | Command::LeaseAll
+        | Command::ImportSglang { .. } => Budget::State,
+        Command::Stats | Command::Inspect { .. } => Budget::Fixed,
+        Command::Allocate { .. }
+        | Command::Confirm { .. }
+        | Command::Exists { .. }
+        | Command::Locations { .. }
+        | Command::Delete { .. } => Budget::Keys(keys_in(cmd)),
+    };
+    inst.call(budget, |p, s| {
+        let e = p.kvpages_engine_engine();
+        Ok(match cmd {
+            Command::Configure(set) => {
+                e.call_configure(s, now, settings(*set))?.map(|()| Reply::Configured).map_err(error)
+            }
+            Command::Initialize { space: sp, rank, num_pages } => e
+                .call_initialize(s, now, &space(sp), *rank, *num_pages)?
+                .map(|o| Reply::Initialized {
+                    rank: *rank,
+                    num_pages: *num_pages,
+                    outcome: match o {
+                        wit::InitOutcome::Created(joined_after_keys) => kv::InitOutcome::Created { joined_after_keys },
+                        wit::InitOutcome::Unchanged => kv::InitOutcome::Unchanged,
+                        wit::InitOutcome::Recreated(r) => {
+                            kv::InitOutcome::Recreated { old_num_pages: r.old_num_pages, dropped_keys: r.dropped_keys }
+                        }
+                    },
+                })
+                .map_err(error),
+            Command::Allocate { space: sp, rank, keys } => e
+                .call_allocate(s, now, &space(sp), *rank, &packed(keys))?
+                .map(|a| {
+                    Reply::Allocated(
+                        a.into_iter()
+                            .map(|a| kv::Allocation { index: a.index, page: a.page, cached: a.cached })
+                            .collect(),
+                    )
+                })
+                .map_err(error),
+            Command::Confirm { space: sp, rank, confirmations, releases } => {
+                let keys = packed(confirmations.iter().map(|(k, _)| k));
+                let pages: Vec<u32> = confirmations.iter().map(|(_, p)| *p).collect();
+                e.call_confirm(s, now, &space(sp), *rank, &keys, &pages, releases)?
+                    .map(|r| {
+                        Reply::Confirmed(kv::ConfirmReport {
+                            committed: r.committed,
+                            unchanged: r.unchanged,
+                            superseded: r.superseded,
+                            refused: r.refused.into_iter().map(refused).collect(),
+                            released: r.released,
+                            ignored_releases: r
+                                .ignored_releases
+                                .into_iter()
+                                .map(|i| {
+                                    let why = match i.reason {
+                                        wit::IgnoredReason::AlreadyFree => kv::IgnoredRelease::AlreadyFree,
+                                        wit::IgnoredReason::Committed => kv::IgnoredRelease::Committed,
+                                    };
+                                    (i.page, why)
+                                })
+                                .collect(),
+                        })
+                    })
+                    .map_err(error)
+            }
+            Command::Exists { space: sp, keys } => {
+                e.call_exists(s, now, &space(sp), &packed(keys))?.map(Reply::Exists).map_err(error)
+            }
+            Command::Locations { space: sp, rank, keys } => {
+                e.call_locations(s, now, &space(sp), *rank, &packed(keys))?.map(Reply::Locations).map_err(error)
+            }
+            Command::Delete { space: sp, keys } => {
+                e.call_delete(s, now, &space(sp), &packed(keys))?.map(Reply::Deleted).map_err(error)
+            }
+            Command::Inspect { space: sp, key: k } => match e.call_inspect(s, now, &space(sp), &k.to_string())? {
+                Ok(None) => Ok(Reply::Key(None)),
+                Ok(Some(info)) => key_info(info).map(|i| Reply::Key(Some(Box::new(i)))),
+                Err(err) => Err(error(err)),
+            },
+            Command::Clear { space: sp } => e
+                .call_clear(s, now, &space(sp))?
+                .map(|c| Reply::Cleared { ranks: c.ranks, keys: c.keys })
+                .map_err(error),
+            Command::Reset { space: sp } => e
+                .call_reset(s, now, &space(sp))?
+                .map(|c| Reply::Cleared { ranks: c.ranks, keys: c.keys })
+                .map_err(error),
+            Command::Stats => e.call_stats(s, now)?.map(|st| Reply::Stats(Box::new(stats(st)))).map_err(error),
+            Command::ImportSglang { pools, replace } => {
+                let pools: Vec<wit::SglangPool> = pools.iter().map(sglang_pool).collect();
+                e.call_import_sglang(s, now, &pools, *replace)?
+                    .map(|i| Reply::Imported { pools: i.pools, keys: i.keys, leaked_pages: i.leaked_pages })
+                    .map_err(error)
+            }
+            Command::LeaseAll => e.call_lease_all(s, now)?.map(Reply::Leased).map_err(error),
+            Command::ExportSglang => match e.call_export_sglang(s, now)? {
+                Ok(pools) => {
+                    pools.into_iter().map(sglang_pool_in).collect::<Result<Vec<_>, _>>().map(Reply::SglangPools)
+                }
+                Err(err) => Err(error(err)),
+            },
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_keys_are_their_text_with_a_length() {
+        let keys: Vec<Key> = ["386b2d9cf5aa91ba3a4b42c35396c822", "k", "386B2D9CF5AA91BA3A4B42C35396C822"]
+            .map(|k| Key::parse(k).unwrap())
+            .into();
+        let bytes = packed(&keys);
+        assert_eq!(&bytes[..2], &[32, 0]);
+        assert_eq!(&bytes[2..34], b"386b2d9cf5aa91ba3a4b42c35396c822");
+        assert_eq!(&bytes[34..37], &[1, 0, b'k']);
+        assert_eq!(unpack(&bytes).unwrap(), keys);
+    }
+}

@@ -1,0 +1,228 @@
+//! The wasm plugin engine: `kvpages-core` compiled to a component (`crates/wasm/plugin`), run in
+//! a wasmtime sandbox behind the same [`Engine`] trait as the native core.
+//!
+//! # Layout
+//! - [`sandbox`]: the narrow wrapper around wasmtime (engine config, epoch deadlines, memory cap,
+//!   no imports, `InstancePre`); the only code here that names wasmtime's configuration.
+//! - `convert`: `Command` → WIT call → `Reply`, field for field.
+//! - this file: [`PluginEngine`], which adds containment: after a trap, the instance is rebuilt and
+//!   its state restored to exactly what it was before the failing call.
+//!
+//! # Containment
+//! A trap poisons the instance (wasmtime refuses to enter it again), and the guest's memory may
+//! hold a half-applied command, so the engine never reuses it. It keeps the last snapshot
+//! (`Core::snapshot`, taken inside the guest) and a journal of the mutating commands applied
+//! since; a trap rebuilds the instance from the `InstancePre`, restores the snapshot and replays
+//! the journal. The core is deterministic, so the replayed state is the state before the failing
+//! call; that call is answered 503 (`plugin-trapped`) and was not applied. Reads are never
+//! journaled: the core guarantees that replay does not depend on them.
+//!
+//! A snapshot is taken when the time spent applying the journaled commands reaches
+//! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least
+//! [`MIN_JOURNAL_UNITS`] commands + keys), or when the journal reaches [`MAX_JOURNAL_UNITS`]: so
+//! snapshots cost at most ~1/`SNAPSHOT_RATIO` of the command time whatever the state's size, the
+//! journal's memory is bounded (~26 bytes a unit), and a recovery replays in about
+//! `SNAPSHOT_RATIO` snapshot times.
+
+mod convert;
+pub mod sandbox;
+
+use kvpages_core::{Command, Millis, Reply, Settings};
+
+use crate::engine::{Engine, EngineError, EngineKind};
+pub use sandbox::{Budget, Instance, Limits, Sandbox, Trap};
+
+/// Host-side bindings of `wit/kvpages.wit`'s world `plugin`.
+#[allow(missing_docs, clippy::all)]
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "plugin",
+    });
+}
+
+/// The plugin component built by `cargo xtask plugin` (see `build.rs`).
+pub(crate) static EMBEDDED: &[u8] = include_bytes!(env!("KVPAGES_PLUGIN_WASM"));
+
+/// Fewest journal units (commands + keys) between two snapshots.
+pub const MIN_JOURNAL_UNITS: usize = 16 * 1024;
+/// Most journal units between two snapshots: bounds the journal's memory and the replay.
+pub const MAX_JOURNAL_UNITS: usize = 4 * 1024 * 1024;
+/// Command time per snapshot time (see the module docs).
+pub const SNAPSHOT_RATIO: u32 = 20;
+
+/// What the engine knows to rebuild its state after a trap.
+#[derive(Debug, Default)]
+struct Recovery {
+    /// The state at the start of `journal` (empty: a fresh `create`).
+    snapshot: Vec<u8>,
+    /// Mutating commands applied since, in order.
+    journal: Vec<(Millis, Command)>,
+    /// Commands + keys in `journal`.
+    units: usize,
+    /// Time spent applying the journaled commands.
+    applied: std::time::Duration,
+    /// What taking `snapshot` took.
+    snapshot_took: std::time::Duration,
+}
+
+/// kvpages-core in the wasm sandbox.
+#[derive(Debug)]
+pub struct PluginEngine {
+    sandbox: Sandbox,
+    /// `None` only while a recovery failed; the next call tries again.
+    instance: Option<Instance>,
+    seed: u64,
+    settings: Settings,
+    recovery: Recovery,
+    traps: u64,
+}
+
+impl PluginEngine {
+    /// A fresh engine in a new instance of `sandbox`'s component.
+    pub fn new(sandbox: Sandbox, seed: u64, settings: Settings) -> Result<PluginEngine, String> {
+        let mut engine =
+            PluginEngine { sandbox, instance: None, seed, settings, recovery: Recovery::default(), traps: 0 };
+        engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
+        Ok(engine)
+    }
+
+    /// An engine holding the state of `snapshot` (`Core::snapshot` bytes).
+    pub fn restore(sandbox: Sandbox, snapshot: &[u8]) -> Result<PluginEngine, String> {
+        let mut engine = PluginEngine {
+            sandbox,
+            instance: None,
+            seed: 0,
+            settings: Settings::default(),
+            recovery: Recovery { snapshot: snapshot.to_vec(), ..Recovery::default() },
+            traps: 0,
+        };
+        engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
+        Ok(engine)
+    }
+
+    /// Traps contained since start-up.
+    pub fn traps(&self) -> u64 {
+        self.traps
+    }
+
+    /// The guest's linear memory, in bytes.
+    pub fn memory(&self) -> u64 {
+        self.instance.as_ref().map_or(0, Instance::memory)
+    }
+
+    /// A new instance holding the state of the snapshot plus the journal.
+    fn rebuild(&self) -> Result<Instance, String> {
+        let mut inst = self.sandbox.instantiate()?;
+        let r = &self.recovery;
+        if r.snapshot.is_empty() {
+            let settings = convert::settings(self.settings);
+            inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_create(s, self.seed, settings))
+                .map_err(|t| format!("create: {t}"))?;
+        } else {
+            inst.call(Budget::Restore(r.snapshot.len()), |p, s| p.kvpages_engine_engine().call_restore(s, &r.snapshot))
+                .map_err(|t| format!("restore: {t}"))?
+                .map_err(|e| format!("restore refused its own snapshot: {e:?}"))?;
+        }
+        for (i, (now, cmd)) in r.journal.iter().enumerate() {
+            // Only applied commands are journaled, and the core is deterministic: each applies again.
+            convert::call(&mut inst, *now, cmd)
+                .map_err(|t| format!("replaying journal entry {i}: {t}"))?
+                .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", convert::name(cmd)))?;
+        }
+        Ok(inst)
+    }
+
+    /// Records an applied mutating command; snapshots when the journal has grown enough.
+    fn journal(&mut self, now: Millis, cmd: &Command, took: std::time::Duration) {
+        let r = &mut self.recovery;
+        r.units += 1 + convert::keys_in(cmd);
+        r.applied += took;
+        r.journal.push((now, cmd.clone()));
+        let due = r.units >= MIN_JOURNAL_UNITS && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
+        if !due && r.units < MAX_JOURNAL_UNITS {
+            return;
+        }
+        let Some(inst) = self.instance.as_mut() else { return };
+        let start = std::time::Instant::now();
+        match inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s)) {
+            Ok(Ok(bytes)) => {
+                self.recovery = Recovery { snapshot: bytes, snapshot_took: start.elapsed(), ..Recovery::default() };
+            }
+            Ok(Err(e)) => tracing::error!(error = ?e, "the plugin refused a snapshot; keeping the journal"),
+            Err(trap) => {
+                // The command itself was applied; only the snapshot failed. The journal still
+                // holds everything, so a rebuild loses nothing.
+                self.contain(&trap, "snapshot");
+            }
+        }
+    }
+
+    /// Counts and logs a trap, then rebuilds the instance from the snapshot and the journal.
+    fn contain(&mut self, trap: &Trap, during: &str) -> bool {
+        self.traps += 1;
+        crate::metrics::plugin_trapped();
+        tracing::error!(
+            kind = trap.kind(),
+            during,
+            traps = self.traps,
+            "plugin trapped: {trap}; rebuilding the engine"
+        );
+        self.instance = None;
+        match self.rebuild() {
+            Ok(inst) => {
+                self.instance = Some(inst);
+                true
+            }
+            Err(e) => {
+                tracing::error!("the plugin engine could not be restored: {e}; the next request tries again");
+                false
+            }
+        }
+    }
+}
+
+impl Engine for PluginEngine {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Wasm
+    }
+
+    fn apply(&mut self, now: Millis, cmd: &Command) -> Result<Reply, EngineError> {
+        if self.instance.is_none() {
+            let inst =
+                self.rebuild().map_err(|e| EngineError::Fault(format!("the plugin could not be restored: {e}")))?;
+            self.instance = Some(inst);
+        }
+        let inst = self.instance.as_mut().expect("just ensured");
+        let start = std::time::Instant::now();
+        match convert::call(inst, now, cmd) {
+            Ok(result) => {
+                // Like the write-ahead log: a refused command changed nothing worth replaying.
+                if cmd.is_mutating() && result.is_ok() {
+                    self.journal(now, cmd, start.elapsed());
+                }
+                result
+            }
+            Err(trap) => {
+                let restored = self.contain(&trap, convert::name(cmd));
+                Err(EngineError::Trapped { cause: trap.to_string(), restored })
+            }
+        }
+    }
+
+    fn traps(&self) -> u64 {
+        self.traps
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>, EngineError> {
+        let inst = self.instance.as_mut().ok_or_else(|| EngineError::Fault("the plugin is being restored".into()))?;
+        match inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s)) {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) => Err(EngineError::Fault(format!("the plugin refused a snapshot: {e:?}"))),
+            Err(trap) => {
+                let restored = self.contain(&trap, "snapshot");
+                Err(EngineError::Trapped { cause: trap.to_string(), restored })
+            }
+        }
+    }
+}
