@@ -64,6 +64,9 @@ struct Recovery {
     applied: std::time::Duration,
     /// What taking `snapshot` took.
     snapshot_took: std::time::Duration,
+    /// After a failed snapshot, no new try before the journal has this many units (doubling),
+    /// so a state too big to snapshot does not turn every command into a trap and a replay.
+    retry_at: usize,
 }
 
 /// kvpages-core in the wasm sandbox.
@@ -139,8 +142,8 @@ impl PluginEngine {
         r.units += 1 + convert::keys_in(cmd);
         r.applied += took;
         r.journal.push((now, cmd.clone()));
-        let due = r.units >= MIN_JOURNAL_UNITS && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
-        if !due && r.units < MAX_JOURNAL_UNITS {
+        let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
+        if !due && r.units < MAX_JOURNAL_UNITS.max(r.retry_at) {
             return;
         }
         let Some(inst) = self.instance.as_mut() else { return };
@@ -149,8 +152,12 @@ impl PluginEngine {
             Ok(Ok(bytes)) => {
                 self.recovery = Recovery { snapshot: bytes, snapshot_took: start.elapsed(), ..Recovery::default() };
             }
-            Ok(Err(e)) => tracing::error!(error = ?e, "the plugin refused a snapshot; keeping the journal"),
+            Ok(Err(e)) => {
+                self.recovery.retry_at = self.recovery.units * 2;
+                tracing::error!(error = ?e, "the plugin refused a snapshot; keeping the journal");
+            }
             Err(trap) => {
+                self.recovery.retry_at = self.recovery.units * 2;
                 // The command itself was applied; only the snapshot failed. The journal still
                 // holds everything, so a rebuild loses nothing.
                 self.contain(&trap, "snapshot");
