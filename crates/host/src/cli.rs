@@ -116,9 +116,10 @@ pub struct ServeArgs {
     #[arg(long, env = "KVPAGES_PLUGIN_MEMORY_MIB", default_value_t = 4096,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub plugin_memory_mib: u64,
-    /// Seconds one plugin call may run before it is stopped (a trap, contained), plus 0.1 ms per
-    /// key of a batch and 20 ms per MiB of state for snapshots, restores and pool re-creation.
-    #[arg(long, env = "KVPAGES_PLUGIN_BUDGET", default_value = "0.1", value_parser = parse_seconds)]
+    /// Seconds (wall-clock) one plugin call may run before it is stopped (a trap, contained), plus
+    /// 0.1 ms per key of a batch and 20 ms per MiB of state for snapshots, restores and pool
+    /// re-creation. Ordinary calls take microseconds; this only stops a runaway one.
+    #[arg(long, env = "KVPAGES_PLUGIN_BUDGET", default_value = "1", value_parser = parse_seconds)]
     pub plugin_budget: Duration,
     /// TP world size: a key is complete when ranks 0..N-1 all confirmed it, and ranks >= N are
     /// refused (409). Without it, the world is the set of initialized worker ranks.

