@@ -28,8 +28,12 @@ impl Drop for Proc {
 }
 
 fn start(dir: &Path, port: u16, extra: &[&str]) -> Proc {
+    start_engine("native", dir, port, extra)
+}
+
+fn start_engine(engine: &str, dir: &Path, port: u16, extra: &[&str]) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_kvpages"))
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--log", "warn", "--engine", "native"])
+        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--log", "warn", "--engine", engine])
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
@@ -160,15 +164,35 @@ fn unsafe_term(child: &Child) {
 }
 
 #[test]
-fn kill_9_under_load_loses_nothing_acknowledged() {
-    let dir = tmp("kill9");
+fn kill_9_under_load_loses_nothing_acknowledged_native() {
+    kill_9_under_load("native");
+}
+
+#[test]
+fn kill_9_under_load_loses_nothing_acknowledged_wasm() {
+    kill_9_under_load("wasm");
+}
+
+/// What a client was told about a key.
+#[derive(Clone, Copy, Debug)]
+enum Acked {
+    /// Both ranks' confirms were answered 204.
+    Saved([i64; 2]),
+    /// A delete was sent but its reply never came (the kill): either outcome is right.
+    Deleting([i64; 2]),
+    /// The delete was answered 200.
+    Deleted,
+}
+
+fn kill_9_under_load(engine: &str) {
+    let dir = tmp(&format!("kill9-{engine}"));
     let port = free_port();
-    let mut p = start(&dir, port, &["--snapshot-every", "300"]);
+    let mut p = start_engine(engine, &dir, port, &["--snapshot-every", "300"]);
     for rank in 0..2 {
         assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":100000}"#).0, 200);
     }
     // Acknowledged state: key → pages (saved), and keys whose delete was acknowledged.
-    let acked: Arc<Mutex<std::collections::BTreeMap<String, Option<[i64; 2]>>>> = Arc::default();
+    let acked: Arc<Mutex<std::collections::BTreeMap<String, Acked>>> = Arc::default();
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -188,11 +212,13 @@ fn kill_9_under_load_loses_nothing_acknowledged() {
                         let key = format!("{round:08x}{w:08x}{i:016x}");
                         i += 1;
                         if let Some(pages) = save(addr, &key) {
-                            acked.lock().unwrap().insert(key.clone(), Some(pages));
+                            acked.lock().unwrap().insert(key.clone(), Acked::Saved(pages));
                             if i % 5 == 0 {
+                                // Until its reply arrives, a delete may or may not have happened.
+                                acked.lock().unwrap().insert(key.clone(), Acked::Deleting(pages));
                                 let (st, _) = post(addr, "/keys/delete", &format!(r#"{{"keys":["{key}"]}}"#));
                                 if st == 200 {
-                                    acked.lock().unwrap().insert(key, None);
+                                    acked.lock().unwrap().insert(key, Acked::Deleted);
                                 }
                             }
                         }
@@ -207,14 +233,22 @@ fn kill_9_under_load_loses_nothing_acknowledged() {
         for w in workers {
             w.join().unwrap();
         }
-        p = start(&dir, port, &["--snapshot-every", "300"]);
+        p = start_engine(engine, &dir, port, &["--snapshot-every", "300"]);
         let acked = acked.lock().unwrap();
         let keys: Vec<String> = acked.keys().cloned().collect();
         for rank in 0..2u32 {
             let got = locations(p.addr, rank, &keys);
             for (k, page) in keys.iter().zip(got) {
-                let want = acked[k].map(|pages| pages[rank as usize]);
-                assert_eq!(page, want, "round {round}: key {k} on rank {rank}");
+                match acked[k] {
+                    Acked::Saved(pages) => {
+                        assert_eq!(page, Some(pages[rank as usize]), "round {round}: key {k} rank {rank}")
+                    }
+                    Acked::Deleted => assert_eq!(page, None, "round {round}: deleted key {k} on rank {rank}"),
+                    Acked::Deleting(pages) => assert!(
+                        page.is_none() || page == Some(pages[rank as usize]),
+                        "round {round}: key {k} on rank {rank}: {page:?}"
+                    ),
+                }
             }
         }
         assert_pages_add_up(p.addr);
