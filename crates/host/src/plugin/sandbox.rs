@@ -191,8 +191,10 @@ impl Sandbox {
     /// checks it against the plugin world. `origin` names it in messages.
     pub fn load(bytes: &[u8], origin: &str, limits: Limits) -> Result<Sandbox, String> {
         let engine = engine();
+        let start = std::time::Instant::now();
         let component =
             Component::new(engine, bytes).map_err(|e| format!("{origin} is not a valid component: {e:#}"))?;
+        tracing::info!(bytes = bytes.len(), ms = start.elapsed().as_millis() as u64, "compiled {origin}");
         Sandbox::from_component(&component, origin, limits)
     }
 
@@ -219,8 +221,14 @@ impl Sandbox {
     pub fn embedded(limits: Limits) -> Result<Sandbox, String> {
         static COMPILED: OnceLock<Result<Component, String>> = OnceLock::new();
         let component = COMPILED.get_or_init(|| {
-            Component::from_binary(engine(), super::EMBEDDED)
-                .map_err(|e| format!("the embedded plugin does not compile: {e:#}"))
+            // Compiled at each start (~0.3 s in a release build): no precompiled cache, which would
+            // mean trusting bytes on disk as native code (`Component::deserialize` is unsafe).
+            let start = std::time::Instant::now();
+            let c = Component::from_binary(engine(), super::EMBEDDED)
+                .map_err(|e| format!("the embedded plugin does not compile: {e:#}"));
+            let ms = start.elapsed().as_millis() as u64;
+            tracing::info!(bytes = super::EMBEDDED.len(), ms, "compiled the embedded plugin");
+            c
         });
         Sandbox::from_component(component.as_ref().map_err(Clone::clone)?, "the embedded plugin", limits)
     }
