@@ -15,6 +15,8 @@
 //! - [`key`]: [`Key`], compact for 32-hex keys, echoed exactly as sent.
 //! - `state/snapshot`: `Core::snapshot` / `Core::restore` (feature `serde`): the whole state as
 //!   versioned, deterministic bytes.
+//! - `state/view`: [`Core::page_map`] / [`Core::page_view`], read-only page views for viewers
+//!   (the browser simulator's page map).
 //!
 //! Every command costs O(batch): nothing scans or copies a free list or the key table.
 #![no_std]
@@ -39,3 +41,4 @@ pub use pool::{PageCounts, PoolOrder};
 pub use state::Core;
 #[cfg(feature = "serde")]
 pub use state::snapshot::{SNAPSHOT_VERSION, SnapshotError};
+pub use state::view::{PAGE_CLASSES, PageView};

@@ -21,6 +21,7 @@ use crate::pool::{GEN_MASK, Page, PageState, Pool, PoolOrder};
 
 #[cfg(feature = "serde")]
 pub(crate) mod snapshot;
+pub(crate) mod view;
 
 /// Something that happens to one page at a deadline: a reservation ends, a quarantine ends.
 /// The generation tells whether the page is still in the state that queued it.
