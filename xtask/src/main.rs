@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 mod bench;
 mod plugin;
+mod simulator;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Some("serve") => serve(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
         Some("plugin") => plugin::build().map(|_| ()),
+        Some("simulator") => plugin::choose_route().and_then(simulator::build),
         _ => {
             eprintln!(
                 "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin"

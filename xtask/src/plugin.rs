@@ -33,7 +33,7 @@ pub(crate) enum Route {
 }
 
 impl Route {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Route::Rustup => "rustup",
             Route::Debian => "debian",
@@ -72,7 +72,7 @@ fn rustup_target_ready() -> bool {
 }
 
 /// Installs Debian's rustc-web, its library sources and wasm-ld, if missing.
-fn debian_toolchain() -> Result<()> {
+pub(crate) fn debian_toolchain() -> Result<()> {
     let have = Path::new("/usr/bin/rustc").exists()
         && Path::new("/usr/lib/llvm-19/bin/wasm-ld").exists()
         && Command::new("dpkg").args(["-s", "rust-web-src"]).output().is_ok_and(|o| o.status.success());
@@ -148,7 +148,15 @@ pub(crate) fn build_with(route: Route, dir: &Path) -> Result<()> {
 /// Debian. Returns the route it used.
 pub(crate) fn build() -> Result<Route> {
     step("wasm plugin: kvpages-plugin for wasm32-unknown-unknown, then a component (wit-component)");
-    let route = match forced_route()? {
+    let route = choose_route()?;
+    build_with(route, root().join(ARTIFACT).parent().expect("a directory"))?;
+    println!("  plugin built by route {} (set KVPAGES_WASM_ROUTE=rustup|debian to choose)", route.name());
+    Ok(route)
+}
+
+/// The forced route, or rustup when it can provide wasm32-unknown-unknown, else Debian.
+pub(crate) fn choose_route() -> Result<Route> {
+    Ok(match forced_route()? {
         Some(Route::Rustup) if !rustup_target_ready() => {
             return Err("KVPAGES_WASM_ROUTE=rustup, but rustup could not install wasm32-unknown-unknown".into());
         }
@@ -158,10 +166,7 @@ pub(crate) fn build() -> Result<Route> {
             println!("  rustup could not provide wasm32-unknown-unknown; falling back to Debian's rustc-web");
             Route::Debian
         }
-    };
-    build_with(route, root().join(ARTIFACT).parent().expect("a directory"))?;
-    println!("  plugin built by route {} (set KVPAGES_WASM_ROUTE=rustup|debian to choose)", route.name());
-    Ok(route)
+    })
 }
 
 /// Builds the components by the route [`build`] did not take, into `target/plugin/ROUTE/`, so

@@ -13,6 +13,7 @@
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.
 //! - [`access`]: `--allow` (client address allowlist) and `--admin-token`.
 //! - [`forward`]: `kvpages forward`, the per-node TCP forwarder to the one server.
+//! - `simulator`: `/simulator/`, the browser simulator's page and wasm module (embedded).
 //!
 //! Requests are parsed and validated outside the engine lock; the lock is held only while the
 //! core applies the command.
@@ -29,4 +30,5 @@ pub mod metrics;
 pub mod plugin;
 mod routes;
 pub mod server;
+mod simulator;
 mod wire;

@@ -427,6 +427,7 @@ pub fn build(config: ServeConfig, engine: Box<dyn Engine>) -> Result<(Router, Ha
             .route("/admin/export/sglang", get(admin::export_sglang))
             // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
             .route("/{rank}/{op}", post(sglang::route))
+            .merge(crate::simulator::routes())
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(middleware::from_fn_with_state(Arc::new(app.config.access.clone()), crate::access::guard))

@@ -1,0 +1,142 @@
+//! `cargo xtask simulator`: builds the browser simulator's wasm module, which
+//! `crates/host/build.rs` embeds with the page (`web/`) and `kvpages serve` serves at
+//! `/simulator/`.
+//!
+//! 1. `kvpages-wasm` (crates/wasm/browser, std) for `wasm32-unknown-unknown` with the
+//!    `simulator` profile, by the same two routes as the plugin (rustup's target, or Debian's
+//!    rustc-web with `-Zbuild-std=std,panic_abort`).
+//! 2. `wasm-bindgen --target web` (the CLI must equal the crate's pinned 0.2.130; installed
+//!    with `cargo install` when missing — without `--locked`, whose lockfile this registry
+//!    cannot satisfy) into [`PKG`].
+//! 3. `wasm-opt -O3` from npm's `binaryen` (Debian's binaryen 108 corrupts wasm-bindgen output).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::plugin::{Route, debian_toolchain};
+use crate::{Result, cargo, have, root, run, step};
+
+/// Where the module goes; `crates/host/build.rs` reads the same path.
+pub(crate) const PKG: &str = "target/simulator/pkg";
+/// The wasm-bindgen CLI version; must equal `wasm-bindgen` in crates/wasm/browser/Cargo.toml.
+const BINDGEN: &str = "0.2.130";
+/// npm's binaryen (wasm-opt).
+const BINARYEN: &str = "binaryen@132.0.0";
+/// Where npm puts the build tools (git-ignored).
+const TOOLS: &str = "target/tools";
+
+fn compile(route: Route) -> Result<PathBuf> {
+    let args = ["build", "-p", "kvpages-wasm", "--lib", "--target", "wasm32-unknown-unknown", "--profile", "simulator"];
+    match route {
+        Route::Rustup => {
+            run(cargo().args(args))?;
+            Ok(root().join("target/wasm32-unknown-unknown/simulator/kvpages_wasm.wasm"))
+        }
+        Route::Debian => {
+            debian_toolchain()?;
+            run(Command::new("/usr/bin/cargo")
+                .current_dir(root())
+                .env("RUSTC", "/usr/bin/rustc")
+                .env("RUSTDOC", "/usr/bin/rustdoc")
+                .env("RUSTC_BOOTSTRAP", "1")
+                .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
+                .env_remove("RUSTUP_TOOLCHAIN")
+                .env_remove("CARGO")
+                .args(args)
+                .args(["--target-dir", "target/wasm-debian", "-Zbuild-std=std,panic_abort"]))?;
+            Ok(root().join("target/wasm-debian/wasm32-unknown-unknown/simulator/kvpages_wasm.wasm"))
+        }
+    }
+}
+
+/// The wasm-bindgen CLI of the pinned version (`cargo install` when missing); its directory.
+pub(crate) fn bindgen_cli() -> Result<PathBuf> {
+    let home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo"));
+    let bin = home.join("bin");
+    let version = Command::new(bin.join("wasm-bindgen"))
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if version != format!("wasm-bindgen {BINDGEN}") {
+        println!("  installing wasm-bindgen-cli {BINDGEN} (found: '{version}'), ~1.5 min");
+        run(cargo().args(["install", "wasm-bindgen-cli", "--version", BINDGEN]))?;
+    }
+    Ok(bin)
+}
+
+/// npm's wasm-opt (installed under [`TOOLS`] when missing).
+fn wasm_opt() -> Result<PathBuf> {
+    let tools = root().join(TOOLS);
+    let bin = tools.join("node_modules/.bin/wasm-opt");
+    if !bin.exists() {
+        if !have("npm", "--version") {
+            run(Command::new("apt-get").arg("update"))?;
+            run(Command::new("apt-get").args(["install", "-y", "nodejs", "npm"]))?;
+        }
+        std::fs::create_dir_all(&tools).map_err(|e| format!("{}: {e}", tools.display()))?;
+        run(Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--no-save", "--prefix"])
+            .arg(&tools)
+            .arg(BINARYEN))?;
+    }
+    Ok(bin)
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// Builds the module into [`PKG`] by `route`.
+pub(crate) fn build(route: Route) -> Result<()> {
+    step("browser simulator: kvpages-wasm for wasm32-unknown-unknown, wasm-bindgen --target web, wasm-opt");
+    println!("  route: {}", route.name());
+    let module = compile(route)?;
+    let bin = bindgen_cli()?;
+    let pkg = root().join(PKG);
+    run(Command::new(bin.join("wasm-bindgen"))
+        .args(["--target", "web", "--no-typescript", "--out-dir"])
+        .arg(&pkg)
+        .arg(&module))?;
+    let wasm = pkg.join("kvpages_wasm_bg.wasm");
+    let before = size(&wasm);
+    let optimised = pkg.join("kvpages_wasm_bg.opt.wasm");
+    run(Command::new(wasm_opt()?)
+        .args(["-O3", "--enable-bulk-memory", "--enable-nontrapping-float-to-int", "--enable-sign-ext"])
+        .args(["--enable-mutable-globals", "--enable-reference-types", "--enable-multivalue"])
+        .arg(&wasm)
+        .arg("-o")
+        .arg(&optimised))?;
+    std::fs::rename(&optimised, &wasm).map_err(|e| format!("{}: {e}", wasm.display()))?;
+    println!("  wrote {} ({} bytes; {before} before wasm-opt)", wasm.display(), size(&wasm));
+    println!("  rebuild the server to embed it: cargo build -p kvpages-host");
+    Ok(())
+}
+
+/// The wasm-bindgen-test unit tests of the JS-facing class, in Node (rustup route only: the
+/// test harness for wasm32 comes with rustup's target). (passed, failed).
+pub(crate) fn unit_tests(route: Route) -> Result<(u64, u64)> {
+    step("browser simulator: wasm-bindgen-test unit tests of the JS class (Node)");
+    if route != Route::Rustup {
+        println!("  skipped: the wasm32 test harness needs rustup's target (this run used route {})", route.name());
+        return Ok((0, 0));
+    }
+    let bin = bindgen_cli()?;
+    let runner = bin.join("wasm-bindgen-test-runner");
+    let lines = crate::run_capture(cargo().env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER", &runner).args([
+        "test",
+        "-p",
+        "kvpages-wasm",
+        "--target",
+        "wasm32-unknown-unknown",
+        "--test",
+        "js",
+    ]))?;
+    let (passed, failed) = crate::count_cargo(&lines);
+    if passed == 0 {
+        return Err("the wasm-bindgen-test suite ran no test".into());
+    }
+    Ok((passed, failed))
+}
