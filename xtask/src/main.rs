@@ -6,6 +6,8 @@
 //! - `cargo xtask serve [FLAGS]`: builds the plugin and the release binary, runs `kvpages serve FLAGS`.
 //! - `cargo xtask plugin`: builds the wasm plugin component the server embeds (see `plugin.rs`;
 //!   `KVPAGES_WASM_ROUTE=rustup|debian` picks how the wasm32 compiler is obtained).
+//! - `cargo xtask simulator`: builds the browser simulator's wasm module the server embeds and
+//!   serves at `/simulator/` (see `simulator.rs`).
 //! - `cargo xtask bench [--quick | --report-only]`: the performance report in `docs/bench/` (see `bench.rs`).
 //!
 //! Every step prints what it runs. Set `KVPAGES_NOSTD_ROUTE=debian` to force the fallback
@@ -33,7 +35,7 @@ fn main() -> ExitCode {
         Some("simulator") => plugin::choose_route().and_then(simulator::build),
         _ => {
             eprintln!(
-                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin"
+                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin | cargo xtask simulator"
             );
             return ExitCode::from(2);
         }
@@ -222,11 +224,15 @@ fn test() -> Result<()> {
     let start = Instant::now();
     // First: the host embeds the plugin, so nothing of the host builds without it.
     let route = plugin::build()?;
+    // The server embeds the simulator's module too (it builds without it, but the browser test
+    // needs it).
+    simulator::build(route)?;
     ensure_python()?;
     nostd_build()?;
 
     step("Rust: build and test the workspace");
     run(cargo().args(["build", "-p", "kvpages-host", "--bin", "kvpages"]))?;
+    run(cargo().args(["build", "-p", "kvpages-wasm", "--bin", "kvpages-sim"]))?;
     let lines = run_capture(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     let (rust_passed, rust_failed) = count_cargo(&lines);
 
@@ -242,12 +248,15 @@ fn test() -> Result<()> {
 
     let (other_passed, other_failed) = plugin::test_other_route(route)?;
     let (js_passed, js_failed) = plugin::portability()?;
-    let (rust_passed, rust_failed) = (rust_passed + other_passed, rust_failed + other_failed);
+    let (wbt_passed, wbt_failed) = simulator::unit_tests(route)?;
+    let (web_passed, web_failed) = simulator::browser_test(&bin)?;
+    let (rust_passed, rust_failed) = (rust_passed + other_passed + wbt_passed, rust_failed + other_failed + wbt_failed);
+    let (js_passed, js_failed) = (js_passed + web_passed, js_failed + web_failed);
     bench_smoke(&bin)?;
 
     let (passed, failed) = (rust_passed + py_passed + js_passed, rust_failed + py_failed + js_failed);
     println!(
-        "\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, Node (the plugin in jco) {js_passed} passed, in {:.0?}",
+        "\n==> summary: Rust {rust_passed} passed, Python {py_passed} passed, Node (the plugin in jco, the simulator in Chromium) {js_passed} passed, in {:.0?}",
         start.elapsed()
     );
     println!("{passed} passed, {failed} failed");
@@ -272,7 +281,8 @@ fn bench_smoke(bin: &Path) -> Result<()> {
 }
 
 fn serve(args: &[String]) -> Result<()> {
-    plugin::build()?;
+    let route = plugin::build()?;
+    simulator::build(route)?;
     step("build the release binary");
     run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
     step("kvpages serve");

@@ -104,7 +104,14 @@ pub(crate) fn build(route: Route) -> Result<()> {
     let before = size(&wasm);
     let optimised = pkg.join("kvpages_wasm_bg.opt.wasm");
     run(Command::new(wasm_opt()?)
-        .args(["-O3", "--enable-bulk-memory", "--enable-nontrapping-float-to-int", "--enable-sign-ext"])
+        .args([
+            "-O3",
+            "--strip-debug",
+            "--strip-producers",
+            "--enable-bulk-memory",
+            "--enable-nontrapping-float-to-int",
+            "--enable-sign-ext",
+        ])
         .args(["--enable-mutable-globals", "--enable-reference-types", "--enable-multivalue"])
         .arg(&wasm)
         .arg("-o")
@@ -137,6 +144,34 @@ pub(crate) fn unit_tests(route: Route) -> Result<(u64, u64)> {
     let (passed, failed) = crate::count_cargo(&lines);
     if passed == 0 {
         return Err("the wasm-bindgen-test suite ran no test".into());
+    }
+    Ok((passed, failed))
+}
+
+/// The Playwright test of the page (`tests/browser/`): Debian's Chromium driven by
+/// playwright-core against `kvpages serve`, compared with `kvpages-sim` natively.
+/// (passed, failed) from its closing `N passed, M failed` line.
+pub(crate) fn browser_test(kvpages: &Path) -> Result<(u64, u64)> {
+    step("browser simulator: the page in headless Chromium (playwright-core), checked against the native core");
+    if !Path::new("/usr/bin/chromium").exists() {
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get").args(["install", "-y", "chromium"]))?;
+    }
+    let dir = root().join("tests/browser");
+    if !dir.join("node_modules/playwright-core").exists() {
+        run(Command::new("npm").current_dir(&dir).args(["ci", "--no-audit", "--no-fund"]))?;
+    }
+    let lines = crate::run_capture(
+        Command::new("node")
+            .current_dir(&dir)
+            .env("KVPAGES_BIN", kvpages)
+            .env("KVPAGES_SIM_BIN", root().join("target/debug/kvpages-sim"))
+            .arg("simulator.test.mjs"),
+    )?;
+    let last = lines.iter().rev().find(|l| l.contains(" passed, ")).cloned().unwrap_or_default();
+    let (passed, failed) = (crate::number_before(&last, " passed"), crate::number_before(&last, " failed"));
+    if passed == 0 {
+        return Err("the browser test ran no test".into());
     }
     Ok((passed, failed))
 }

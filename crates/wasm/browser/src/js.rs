@@ -1,6 +1,7 @@
 //! The JavaScript face: `Simulator`, a thin wasm-bindgen class over [`Sim`]. Data crosses into
-//! JavaScript through serde-wasm-bindgen as plain objects (numbers, not BigInts); errors are
-//! thrown as `Error`s whose message names the bad field.
+//! JavaScript through serde-wasm-bindgen as plain objects (numbers, not BigInts); objects coming
+//! from JavaScript are read strictly (unknown fields refused); errors are thrown as `Error`s
+//! whose message names the bad field.
 
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
@@ -12,8 +13,16 @@ fn to_js<T: Serialize + ?Sized>(value: &T) -> JsValue {
     value.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).expect("simulator figures serialize")
 }
 
+/// Objects coming in go through JSON text and serde_json, not serde-wasm-bindgen: its struct
+/// deserializer reads only the fields it knows, so a misspelt option would pass unnoticed.
 fn from_js<T: serde::de::DeserializeOwned>(what: &str, value: JsValue) -> Result<T, JsError> {
-    serde_wasm_bindgen::from_value(value).map_err(|e| JsError::new(&format!("{what}: {e}")))
+    let text: String =
+        js_sys::JSON::stringify(&value).map_err(|_| JsError::new(&format!("{what}: not a JSON-like object")))?.into();
+    serde_json::from_str(&text).map_err(|e| {
+        let e = e.to_string();
+        let e = e.rfind(" at line ").map_or(e.as_str(), |i| &e[..i]);
+        JsError::new(&format!("{what}: {e}"))
+    })
 }
 
 fn ms(what: &str, v: f64) -> Result<u64, JsError> {
