@@ -8,7 +8,10 @@
 //! `snapshot()` bytes) bound the log; recovery is the newest snapshot plus the records after it.
 //!
 //! Layout of the data directory:
-//! - `FORMAT`: `kvpages-data <version>`; an unknown version is refused.
+//! - `FORMAT`: `kvpages-data <version>`; a newer or unknown version is refused, an older one
+//!   is upgraded in place through the steps of [`FORMATS`] (crash-safe, the old files kept in
+//!   `format-<version>/`). `tests/data/format-1/` is a golden directory of version 1 that every
+//!   later build must recover exactly.
 //! - `snapshot-<seq>.bin`: `KVPSNAP1`, seq (u64 LE), length (u64 LE), crc32 (u32 LE), bytes.
 //! - `wal-<first seq>.log`: records `[len u32 LE][crc32 u32 LE][postcard (seq, now, Command)]`.
 //!   A torn or corrupt record ends the log: recovery truncates it there and says so.
@@ -125,35 +128,324 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Opens (creating if needed) a data directory and checks its format version.
+/// One step of the upgrade path: reads the files of format `from` in the data directory and
+/// writes those of format `from + 1` into an empty staging directory. It must not touch the
+/// data directory itself; [`open_dir`] makes the switch crash-safe around it.
+#[derive(Clone, Copy, Debug)]
+pub struct Upgrade {
+    /// The version it reads.
+    pub from: u32,
+    /// `(data directory, staging directory)`.
+    pub run: fn(&Path, &Path) -> Result<(), String>,
+}
+
+/// The formats a build knows: the one it writes, and a step from each older one it upgrades.
+#[derive(Clone, Copy, Debug)]
+pub struct Formats {
+    /// The version this build writes and reads.
+    pub current: u32,
+    /// Steps from older versions, one per version.
+    pub upgrades: &'static [Upgrade],
+}
+
+/// This build's version table. Format 1 is the first, so there is nothing to upgrade from yet;
+/// the next format adds its step here (reading format 1 exactly as
+/// `tests/data/format-1/` holds it) and keeps that golden directory's test passing.
+pub const FORMATS: Formats = Formats { current: FORMAT_VERSION, upgrades: &[] };
+
+/// Where an upgrade writes the new format's files before the switch.
+const STAGING: &str = "upgrade";
+
+fn format_text(version: u32) -> String {
+    format!("kvpages-data {version}\n")
+}
+
+fn parse_format(dir: &Path, text: &str) -> Result<u32, String> {
+    text.strip_prefix("kvpages-data ")
+        .and_then(|v| v.strip_suffix('\n'))
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0'))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            let shown: String = text.chars().take(40).collect();
+            format!(
+                "--data-dir {}: its FORMAT file reads {shown:?}, not \"kvpages-data N\": it is not a kvpages data \
+                 directory, or a damaged one. kvpages will not guess; restore FORMAT from a backup or point \
+                 --data-dir elsewhere",
+                dir.display()
+            )
+        })
+}
+
+/// Opens (creating if needed) a data directory and checks its format version; an older
+/// version is upgraded in place first (see [`open_dir_with`]).
 pub fn open_dir(dir: &Path) -> Result<(), String> {
+    open_dir_with(dir, &FORMATS, &mut |_| Ok(()))
+}
+
+/// [`open_dir`] with a version table, and a hook called before every change to the disk
+/// (tests make it fail to stand in for a crash at that point).
+///
+/// An upgrade from version N is crash-safe in three phases, each resumable from what is on
+/// disk: (1) the step writes N + 1's files into `upgrade/`, every file is fsynced, then
+/// `upgrade/FORMAT` is written — from here on the upgrade only goes forward; (2) the files of
+/// format N move into `format-N/` (a backup for going back to the older release), `FORMAT`
+/// last; (3) the new files move into place and `upgrade/FORMAT` is renamed to `FORMAT`, the
+/// atomic switch. A crash in phase 1 leaves format N as it was (the staging is discarded); a
+/// crash in phases 2 and 3 is finished by the next start. A version newer than this build's,
+/// or one without a step, is refused.
+pub fn open_dir_with(
+    dir: &Path,
+    formats: &Formats,
+    fault: &mut dyn FnMut(&str) -> io::Result<()>,
+) -> Result<(), String> {
+    let at = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
     let format = dir.join("FORMAT");
-    let want = format!("kvpages-data {FORMAT_VERSION}\n");
+    let staging = dir.join(STAGING);
     if !dir.exists() {
         fs::create_dir_all(dir).map_err(|e| format!("cannot create --data-dir {}: {e}", dir.display()))?;
     }
-    match fs::read_to_string(&format) {
-        Ok(text) if text == want => Ok(()),
-        Ok(text) => {
-            let version = text.trim().strip_prefix("kvpages-data ").unwrap_or(text.trim());
-            Err(format!(
-                "--data-dir {} has format version {version:?}; this kvpages reads version {FORMAT_VERSION}. \
-                 Use the kvpages release that wrote it (or export its state), or point --data-dir elsewhere",
-                dir.display()
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let stray = fs::read_dir(dir).map_err(|e| e.to_string())?.next().is_some();
-            if stray {
-                return Err(format!(
-                    "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
-                    dir.display()
-                ));
+    loop {
+        let version = match fs::read_to_string(&format) {
+            Ok(text) => parse_format(dir, &text)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if staging.join("FORMAT").exists() {
+                    // Phase 3 was interrupted: the old files are in their backup already.
+                    finish_upgrade(dir, fault)
+                        .map_err(|e| format!("finishing the upgrade of {}: {e}", dir.display()))?;
+                    continue;
+                }
+                // A `FORMAT.tmp` alone is a first start that crashed before its FORMAT was in place.
+                let stray = names(dir).map_err(|e| at(dir, e))?.iter().any(|n| n != "FORMAT.tmp");
+                if stray {
+                    return Err(format!(
+                        "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
+                        dir.display()
+                    ));
+                }
+                fault("write FORMAT").map_err(|e| at(&format, e))?;
+                return write_atomically(dir, "FORMAT", format_text(formats.current).as_bytes())
+                    .map_err(|e| at(&format, e));
             }
-            fs::write(&format, want).and_then(|()| sync_dir(dir)).map_err(|e| format!("{}: {e}", format.display()))
+            Err(e) => return Err(at(&format, e)),
+        };
+        if version == formats.current {
+            if staging.exists() {
+                // The switch happened; only the empty staging directory is left.
+                fault("remove staging").map_err(|e| at(&staging, e))?;
+                fs::remove_dir_all(&staging).and_then(|()| sync_dir(dir)).map_err(|e| at(&staging, e))?;
+            }
+            return Ok(());
         }
-        Err(e) => Err(format!("{}: {e}", format.display())),
+        if version > formats.current {
+            return Err(format!(
+                "--data-dir {} has format version {version}, written by a newer kvpages; this kvpages reads \
+                 version {} (and upgrades older ones). Run the release that wrote it, or point --data-dir elsewhere",
+                dir.display(),
+                formats.current
+            ));
+        }
+        let Some(step) = formats.upgrades.iter().find(|u| u.from == version) else {
+            return Err(format!(
+                "--data-dir {} has format version {version}, which this kvpages cannot upgrade (it reads version \
+                 {} and upgrades from {}). Upgrade it with an intermediate release first",
+                dir.display(),
+                formats.current,
+                if formats.upgrades.is_empty() {
+                    "none".to_owned()
+                } else {
+                    formats.upgrades.iter().map(|u| u.from.to_string()).collect::<Vec<_>>().join(", ")
+                }
+            ));
+        };
+        tracing::info!("upgrading --data-dir {} from format {version} to {}", dir.display(), version + 1);
+        let started = Instant::now();
+        upgrade_step(dir, step, fault)
+            .map_err(|e| format!("upgrading {} from format {version}: {e}; nothing was lost", dir.display()))?;
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            "upgraded --data-dir {} to format {}; the format-{version} files are kept in {} (delete it once \
+             you will not go back)",
+            dir.display(),
+            version + 1,
+            dir.join(format!("format-{version}")).display()
+        );
     }
+}
+
+/// Progress of long work (recovery, imports) for the operator: a line every [`Progress::EVERY`]
+/// with the count so far and the rate, and a final line with the count, the time and the rate.
+pub struct Progress {
+    what: String,
+    unit: &'static str,
+    total: Option<u64>,
+    clock: Box<dyn Fn() -> Duration + Send>,
+    sink: Box<dyn FnMut(&str) + Send>,
+    started: Duration,
+    last: Duration,
+    calls: u32,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress").field("what", &self.what).field("total", &self.total).finish()
+    }
+}
+
+impl Progress {
+    /// How often a line is printed while the work goes on.
+    pub const EVERY: Duration = Duration::from_secs(1);
+
+    /// Progress of `what`, counted in `unit`s (out of `total`, when known), to the log.
+    pub fn new(what: impl Into<String>, unit: &'static str, total: Option<u64>) -> Progress {
+        let zero = Instant::now();
+        Progress::with(what, unit, total, Box::new(move || zero.elapsed()), Box::new(|line| tracing::info!("{line}")))
+    }
+
+    /// [`Progress::new`] with a clock (time since any fixed zero) and a sink for the lines.
+    pub fn with(
+        what: impl Into<String>,
+        unit: &'static str,
+        total: Option<u64>,
+        clock: Box<dyn Fn() -> Duration + Send>,
+        sink: Box<dyn FnMut(&str) + Send>,
+    ) -> Progress {
+        let started = clock();
+        Progress { what: what.into(), unit, total, clock, sink, started, last: started, calls: 0 }
+    }
+
+    fn rate(&self, done: u64, now: Duration) -> String {
+        let secs = (now - self.started).as_secs_f64();
+        if secs <= 0.0 { "-".to_owned() } else { format!("{:.0}", done as f64 / secs) }
+    }
+
+    /// `done` units so far; prints a line when [`Progress::EVERY`] has passed since the last.
+    /// Cheap enough to call for every unit (the clock is read every 256 calls).
+    pub fn update(&mut self, done: u64) {
+        self.calls = self.calls.wrapping_add(1);
+        if !self.calls.is_multiple_of(256) {
+            return;
+        }
+        let now = (self.clock)();
+        if now - self.last < Progress::EVERY {
+            return;
+        }
+        self.last = now;
+        let rate = self.rate(done, now);
+        let line = match self.total {
+            Some(total) => format!(
+                "{}: {done} of {total} {} ({:.0}%), {rate} {}/s",
+                self.what,
+                self.unit,
+                done as f64 * 100.0 / total.max(1) as f64,
+                self.unit
+            ),
+            None => format!("{}: {done} {}, {rate} {}/s", self.what, self.unit, self.unit),
+        };
+        (self.sink)(&line);
+    }
+
+    /// The final line: `done` units in how long, at what rate.
+    pub fn finish(mut self, done: u64) {
+        let now = (self.clock)();
+        let rate = self.rate(done, now);
+        let line = format!(
+            "{}: done, {done} {} in {:.2} s ({rate} {}/s)",
+            self.what,
+            self.unit,
+            (now - self.started).as_secs_f64(),
+            self.unit
+        );
+        (self.sink)(&line);
+    }
+}
+
+/// Writes `dir/name` through a temporary file, fsynced, renamed, with the directory fsynced.
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+/// Names in `dir`, sorted.
+fn names(dir: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    let mut out = fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name())).collect::<io::Result<Vec<_>>>()?;
+    out.sort();
+    Ok(out)
+}
+
+/// Phases 1 and 2 of an upgrade by one step (see [`open_dir_with`]), then phase 3.
+fn upgrade_step(dir: &Path, step: &Upgrade, fault: &mut dyn FnMut(&str) -> io::Result<()>) -> Result<(), String> {
+    let at = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
+    let staging = dir.join(STAGING);
+    let backup_name = format!("format-{}", step.from);
+    let backup = dir.join(&backup_name);
+    if !staging.join("FORMAT").exists() {
+        // Phase 1 (again, if a crash interrupted it: what it left is discarded).
+        if backup.exists() {
+            return Err(format!(
+                "{} already exists (from an earlier upgrade?); move it out of the data directory first",
+                backup.display()
+            ));
+        }
+        if staging.exists() {
+            fault("remove staging").map_err(|e| at(&staging, e))?;
+            fs::remove_dir_all(&staging).map_err(|e| at(&staging, e))?;
+        }
+        fault("stage").map_err(|e| at(&staging, e))?;
+        fs::create_dir(&staging).map_err(|e| at(&staging, e))?;
+        (step.run)(dir, &staging)?;
+        for name in names(&staging).map_err(|e| at(&staging, e))? {
+            let path = staging.join(&name);
+            File::open(&path).and_then(|f| f.sync_all()).map_err(|e| at(&path, e))?;
+        }
+        fault("write staged FORMAT").map_err(|e| at(&staging, e))?;
+        write_atomically(&staging, "FORMAT", format_text(step.from + 1).as_bytes())
+            .and_then(|()| sync_dir(dir))
+            .map_err(|e| at(&staging, e))?;
+    }
+    // Phase 2: the old files into the backup, FORMAT last (its absence marks the phase done).
+    if !backup.exists() {
+        fault("create backup").map_err(|e| at(&backup, e))?;
+        fs::create_dir(&backup).and_then(|()| sync_dir(dir)).map_err(|e| at(&backup, e))?;
+    }
+    for name in names(dir).map_err(|e| at(dir, e))? {
+        let keep = name == STAGING
+            || name == "FORMAT"
+            || name.to_str().is_some_and(|n| n.starts_with("format-") && dir.join(n).is_dir());
+        if !keep {
+            fault("move old file").map_err(|e| at(dir, e))?;
+            fs::rename(dir.join(&name), backup.join(&name)).map_err(|e| at(&dir.join(&name), e))?;
+        }
+    }
+    sync_dir(&backup).map_err(|e| at(&backup, e))?;
+    fault("move old FORMAT").map_err(|e| at(dir, e))?;
+    fs::rename(dir.join("FORMAT"), backup.join("FORMAT"))
+        .and_then(|()| sync_dir(&backup))
+        .and_then(|()| sync_dir(dir))
+        .map_err(|e| at(dir, e))?;
+    finish_upgrade(dir, fault).map_err(|e| at(dir, e))
+}
+
+/// Phase 3: the staged files into place, then the switch of `FORMAT`.
+fn finish_upgrade(dir: &Path, fault: &mut dyn FnMut(&str) -> io::Result<()>) -> io::Result<()> {
+    let staging = dir.join(STAGING);
+    for name in names(&staging)? {
+        if name != "FORMAT" {
+            fault("move new file")?;
+            fs::rename(staging.join(&name), dir.join(&name))?;
+        }
+    }
+    sync_dir(dir)?;
+    fault("switch FORMAT")?;
+    fs::rename(staging.join("FORMAT"), dir.join("FORMAT"))?;
+    sync_dir(&staging)?;
+    sync_dir(dir)?;
+    fault("remove staging")?;
+    fs::remove_dir(&staging)?;
+    sync_dir(dir)
 }
 
 /// Reads the newest snapshot and every record after it; truncates a torn tail.
@@ -174,8 +466,11 @@ pub fn recover(dir: &Path) -> Result<Recovered, String> {
     let after = out.snapshot.as_ref().map_or(0, |s| s.0);
     let segments = numbered(dir, "wal-", ".log").map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut expect = None::<u64>;
+    let mut progress =
+        Progress::new(format!("recovery: reading the log ({} segments)", segments.len()), "records", None);
+    let mut read = 0u64;
     for (i, (_, path)) in segments.iter().enumerate() {
-        let (records, torn) = read_segment(path, &mut expect)?;
+        let (records, torn) = read_segment(path, &mut expect, &mut progress, &mut read)?;
         out.records.extend(records.into_iter().filter(|r| r.seq > after));
         if let Some((offset, why)) = torn {
             let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -190,6 +485,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, String> {
             break;
         }
     }
+    progress.finish(read);
     if let Some(first) = out.records.first()
         && first.seq != after + 1
     {
@@ -224,7 +520,12 @@ fn parse_snapshot(bytes: &[u8], seq: u64) -> Result<&[u8], String> {
 
 /// Records of one segment, and where (and why) it is torn, if it is.
 #[allow(clippy::type_complexity)]
-fn read_segment(path: &Path, expect: &mut Option<u64>) -> Result<(Vec<Record>, Option<(u64, String)>), String> {
+fn read_segment(
+    path: &Path,
+    expect: &mut Option<u64>,
+    progress: &mut Progress,
+    read: &mut u64,
+) -> Result<(Vec<Record>, Option<(u64, String)>), String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut records = Vec::new();
@@ -262,6 +563,8 @@ fn read_segment(path: &Path, expect: &mut Option<u64>) -> Result<(Vec<Record>, O
         *expect = Some(record.seq + 1);
         offset += 8 + u64::from(len);
         records.push(record);
+        *read += 1;
+        progress.update(*read);
     }
 }
 
@@ -582,15 +885,224 @@ mod tests {
     fn an_unknown_format_is_refused() {
         let d = tmp("format");
         open_dir(&d).unwrap();
+        assert_eq!(fs::read_to_string(d.join("FORMAT")).unwrap(), "kvpages-data 1\n");
         open_dir(&d).unwrap();
         fs::write(d.join("FORMAT"), "kvpages-data 99\n").unwrap();
         let err = open_dir(&d).unwrap_err();
-        assert!(err.contains("format version \"99\"; this kvpages reads version 1"), "{err}");
+        assert!(
+            err.contains("has format version 99, written by a newer kvpages; this kvpages reads version 1"),
+            "{err}"
+        );
+        // Garbage, and near misses of the real text, are not guessed at.
+        for text in [
+            "",
+            "hello\n",
+            "kvpages-data\n",
+            "kvpages-data 1",
+            "kvpages-data 01\n",
+            "kvpages-data -1\n",
+            "kvpages-data 1 \n",
+            "kvpages-data x\n",
+        ] {
+            fs::write(d.join("FORMAT"), text).unwrap();
+            let err = open_dir(&d).unwrap_err();
+            assert!(
+                err.contains(&format!("its FORMAT file reads {text:?}, not \"kvpages-data N\"")),
+                "{text:?}: {err}"
+            );
+        }
+        // An older version with no step to upgrade it.
+        fs::write(d.join("FORMAT"), "kvpages-data 1\n").unwrap();
+        let table = Formats { current: 3, upgrades: &[Upgrade { from: 2, run: v2_to_v3 }] };
+        let err = open_dir_with(&d, &table, &mut |_| Ok(())).unwrap_err();
+        assert!(
+            err.contains(
+                "format version 1, which this kvpages cannot upgrade (it reads version 3 and upgrades from 2)"
+            ),
+            "{err}"
+        );
         let e = tmp("stray");
         fs::create_dir_all(&e).unwrap();
         fs::write(e.join("x"), "").unwrap();
         assert!(open_dir(&e).unwrap_err().contains("not a kvpages data directory"));
+        // A first start that crashed while writing FORMAT is not a stray file.
+        fs::remove_file(e.join("x")).unwrap();
+        fs::write(e.join("FORMAT.tmp"), "kvpages-").unwrap();
+        open_dir(&e).unwrap();
+        assert_eq!(names(&e).unwrap(), ["FORMAT"]);
         fs::remove_dir_all(&d).unwrap();
         fs::remove_dir_all(&e).unwrap();
+    }
+
+    // Two made-up formats for the upgrade machinery (the real table has no step yet): format 2
+    // prefixes every file with "v2:", format 3 renames `x` to `x.3`.
+    fn v1_to_v2(dir: &Path, staging: &Path) -> Result<(), String> {
+        for name in names(dir).unwrap() {
+            let path = dir.join(&name);
+            if path.is_file() && name != "FORMAT" {
+                let mut bytes = b"v2:".to_vec();
+                bytes.extend(fs::read(&path).unwrap());
+                fs::write(staging.join(&name), bytes).unwrap();
+            }
+        }
+        Ok(())
+    }
+
+    fn v2_to_v3(dir: &Path, staging: &Path) -> Result<(), String> {
+        for name in names(dir).unwrap() {
+            let path = dir.join(&name);
+            if path.is_file() && name != "FORMAT" {
+                fs::copy(&path, staging.join(format!("{}.3", name.to_str().unwrap()))).unwrap();
+            }
+        }
+        Ok(())
+    }
+
+    const TEST_FORMATS: Formats =
+        Formats { current: 3, upgrades: &[Upgrade { from: 1, run: v1_to_v2 }, Upgrade { from: 2, run: v2_to_v3 }] };
+
+    /// Every file under `dir` with its bytes, by relative path.
+    fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for name in names(dir).unwrap() {
+            let path = dir.join(&name);
+            let name = name.to_str().unwrap().to_owned();
+            if path.is_dir() {
+                out.extend(tree(&path).into_iter().map(|(n, b)| (format!("{name}/{n}"), b)));
+            } else {
+                out.push((name, fs::read(&path).unwrap()));
+            }
+        }
+        out
+    }
+
+    fn v1_dir(name: &str) -> PathBuf {
+        let d = tmp(name);
+        open_dir(&d).unwrap();
+        fs::write(d.join("wal-00000000000000000001.log"), b"log").unwrap();
+        fs::write(d.join("snapshot-00000000000000000007.bin"), b"snap").unwrap();
+        d
+    }
+
+    #[test]
+    fn an_older_format_is_upgraded_step_by_step_and_kept_as_a_backup() {
+        let d = v1_dir("upgrade");
+        let mut points = Vec::new();
+        open_dir_with(&d, &TEST_FORMATS, &mut |p| {
+            points.push(p.to_owned());
+            Ok(())
+        })
+        .unwrap();
+        let t = |s: &str| s.as_bytes().to_vec();
+        let want = vec![
+            ("FORMAT".to_owned(), t("kvpages-data 3\n")),
+            ("format-1/FORMAT".into(), t("kvpages-data 1\n")),
+            ("format-1/snapshot-00000000000000000007.bin".into(), t("snap")),
+            ("format-1/wal-00000000000000000001.log".into(), t("log")),
+            ("format-2/FORMAT".into(), t("kvpages-data 2\n")),
+            ("format-2/snapshot-00000000000000000007.bin".into(), t("v2:snap")),
+            ("format-2/wal-00000000000000000001.log".into(), t("v2:log")),
+            ("snapshot-00000000000000000007.bin.3".into(), t("v2:snap")),
+            ("wal-00000000000000000001.log.3".into(), t("v2:log")),
+        ];
+        assert_eq!(tree(&d), want);
+        // Two steps, each with the same points.
+        let step = [
+            "stage",
+            "write staged FORMAT",
+            "create backup",
+            "move old file",
+            "move old file",
+            "move old FORMAT",
+            "move new file",
+            "move new file",
+            "switch FORMAT",
+            "remove staging",
+        ];
+        assert_eq!(points, [step, step].concat());
+        // Opening again changes nothing; this build's own FORMAT 1 is now refused as newer.
+        open_dir_with(&d, &TEST_FORMATS, &mut |_| panic!("no change expected")).unwrap();
+        assert_eq!(tree(&d), want);
+        assert!(open_dir(&d).unwrap_err().contains("format version 3, written by a newer kvpages"));
+        // An upgrade refuses to overwrite an earlier backup.
+        let e = v1_dir("upgrade-backup");
+        fs::create_dir(e.join("format-1")).unwrap();
+        let err = open_dir_with(&e, &TEST_FORMATS, &mut |_| Ok(())).unwrap_err();
+        assert!(err.contains("format-1 already exists"), "{err}");
+        assert_eq!(fs::read_to_string(e.join("FORMAT")).unwrap(), "kvpages-data 1\n");
+        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&e).unwrap();
+    }
+
+    #[test]
+    fn an_upgrade_interrupted_at_any_point_finishes_on_the_next_start() {
+        let clean = v1_dir("upgrade-clean");
+        open_dir_with(&clean, &TEST_FORMATS, &mut |_| Ok(())).unwrap();
+        let want = tree(&clean);
+        let mut crash_at = 0;
+        loop {
+            let d = v1_dir("upgrade-crash");
+            let mut n = 0;
+            let crashed = open_dir_with(&d, &TEST_FORMATS, &mut |p| {
+                n += 1;
+                if n == crash_at + 1 { Err(io::Error::other(format!("crash before {p}"))) } else { Ok(()) }
+            });
+            let Err(err) = crashed else {
+                // Past the last point: every point was tried.
+                assert_eq!(crash_at, 20, "two steps of 10 points");
+                break;
+            };
+            assert!(err.contains("crash before"), "{err}");
+            // Before the first step's staged FORMAT, format 1 is untouched (bar the staging).
+            if crash_at < 2 {
+                assert_eq!(fs::read_to_string(d.join("FORMAT")).unwrap(), "kvpages-data 1\n");
+            }
+            open_dir_with(&d, &TEST_FORMATS, &mut |_| Ok(()))
+                .unwrap_or_else(|e| panic!("after a crash at point {crash_at}: {e}"));
+            assert_eq!(tree(&d), want, "after a crash at point {crash_at}");
+            fs::remove_dir_all(&d).unwrap();
+            crash_at += 1;
+        }
+        fs::remove_dir_all(&clean).unwrap();
+    }
+
+    #[test]
+    fn progress_prints_counts_and_rate_every_second_and_a_final_line() {
+        // A clock that moves 0.5 s each time it is read; it is read at the start, every 256
+        // updates, and at the end.
+        let reads = Arc::new(AtomicU64::new(0));
+        let r = reads.clone();
+        let clock = Box::new(move || Duration::from_millis(500 * r.fetch_add(1, Ordering::Relaxed)));
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let l = lines.clone();
+        let sink = Box::new(move |line: &str| l.lock().unwrap().push(line.to_owned()));
+        let mut p = Progress::with("replaying", "records", Some(2048), clock, sink);
+        for done in 1..=1024 {
+            p.update(done);
+        }
+        p.finish(1024);
+        assert_eq!(
+            *lines.lock().unwrap(),
+            [
+                "replaying: 512 of 2048 records (25%), 512 records/s",
+                "replaying: 1024 of 2048 records (50%), 512 records/s",
+                "replaying: done, 1024 records in 2.50 s (410 records/s)",
+            ]
+        );
+        assert_eq!(reads.load(Ordering::Relaxed), 6);
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let l = lines.clone();
+        let mut p = Progress::with(
+            "reading",
+            "keys",
+            None,
+            Box::new(|| Duration::from_secs(3)),
+            Box::new(move |line: &str| l.lock().unwrap().push(line.to_owned())),
+        );
+        for done in 1..=300 {
+            p.update(done);
+        }
+        p.finish(300);
+        assert_eq!(*lines.lock().unwrap(), ["reading: done, 300 keys in 0.00 s (- keys/s)"]);
     }
 }

@@ -171,7 +171,7 @@ impl App {
     }
 
     /// Recovers the state from the data directory into the engine, then starts the log.
-    /// Blocking; run it off the async threads. Progress goes to the log every 100k records.
+    /// Blocking; run it off the async threads. Progress goes to the log (see [`replay`]).
     fn recover(&self, dur: &DurableConfig, seed: u64) -> Result<(), String> {
         let start = Instant::now();
         crate::durable::open_dir(&dur.dir)?;
@@ -180,28 +180,11 @@ impl App {
             tracing::warn!("recovery: the log was torn: {note}");
         }
         let mut engine = self.engine.blocking_lock();
-        if let Some((seq, bytes)) = &rec.snapshot {
-            tracing::info!(seq, bytes = bytes.len(), "recovery: loading snapshot");
-            *engine = restore_engine(&self.config, bytes)?;
+        *engine = replay(&self.config, &rec, seed, &mut |n| self.recovered.store(n, Ordering::Relaxed))?;
+        if let Some((seq, _)) = &rec.snapshot {
             self.snapshot_seq.store(*seq, Ordering::Release);
-        } else {
-            *engine = build_engine(&self.config, seed);
         }
         let total = rec.records.len();
-        tracing::info!(records = total, "recovery: replaying the log");
-        for (i, r) in rec.records.iter().enumerate() {
-            // Replies were checked when the command first ran; replay only rebuilds the state.
-            let _ = engine.apply(r.now, &r.command);
-            if (i + 1) % 100_000 == 0 {
-                let secs = start.elapsed().as_secs_f64();
-                tracing::info!(
-                    "recovery: {} of {total} records ({:.0} records/s)",
-                    i + 1,
-                    (i + 1) as f64 / secs.max(1e-9)
-                );
-            }
-            self.recovered.store(i as u64 + 1, Ordering::Relaxed);
-        }
         // Time never goes back: past the last logged time, whatever the wall clock says.
         let elapsed = self.started.elapsed().as_millis() as u64;
         if rec.last_now() + 1 > self.now() {
@@ -291,6 +274,42 @@ impl App {
     }
 }
 
+/// The engine a recovered data directory holds: its snapshot restored (or a fresh engine of
+/// `seed`), then every record after it applied at its logged time. Progress lines go to the
+/// log; `replayed` is told the count of records applied as it goes (for `/health`).
+pub fn replay(
+    config: &ServeConfig,
+    rec: &crate::durable::Recovered,
+    seed: u64,
+    replayed: &mut dyn FnMut(u64),
+) -> Result<Box<dyn Engine>, String> {
+    let mut engine = match &rec.snapshot {
+        Some((seq, bytes)) => {
+            let t = Instant::now();
+            tracing::info!("recovery: restoring snapshot {seq} ({} bytes)", bytes.len());
+            let engine = restore_engine(config, bytes)?;
+            let secs = t.elapsed().as_secs_f64();
+            tracing::info!(
+                "recovery: snapshot restored in {secs:.2} s ({:.0} MiB/s)",
+                bytes.len() as f64 / (1 << 20) as f64 / secs.max(1e-9)
+            );
+            engine
+        }
+        None => try_build_engine(config, seed)?,
+    };
+    let total = rec.records.len() as u64;
+    let mut progress = crate::durable::Progress::new("recovery: replaying the log", "records", Some(total));
+    for (i, r) in rec.records.iter().enumerate() {
+        // Replies were checked when the command first ran; replay only rebuilds the state.
+        let _ = engine.apply(r.now, &r.command);
+        let done = i as u64 + 1;
+        progress.update(done);
+        replayed(done);
+    }
+    progress.finish(total);
+    Ok(engine)
+}
+
 /// An engine of the configured kind restored from core snapshot bytes.
 pub fn restore_engine(config: &ServeConfig, bytes: &[u8]) -> Result<Box<dyn Engine>, String> {
     match config.engine {
@@ -342,21 +361,31 @@ impl Handle {
     }
 
     /// Loads SGLang's persistence file through the log (all or nothing), for `--import-sglang`.
+    /// Progress goes to the log: reading, parsing (keys read, rate), loading, and a final line.
     pub async fn import_sglang(&self, path: &std::path::Path) -> Result<(), String> {
         let start = Instant::now();
         let bytes = std::fs::read(path).map_err(|e| format!("--import-sglang {}: {e}", path.display()))?;
-        tracing::info!(bytes = bytes.len(), "reading SGLang's persistence file {}", path.display());
+        tracing::info!(
+            "import: read {} ({} bytes) in {:.2} s",
+            path.display(),
+            bytes.len(),
+            start.elapsed().as_secs_f64()
+        );
         let pools = crate::routes::sglang_file::parse(&bytes)
             .map_err(|e| format!("--import-sglang {}: {e}; nothing was imported", path.display()))?;
+        drop(bytes);
+        let keys: usize = pools.iter().map(|p| p.keys.len()).sum();
+        tracing::info!("import: loading {keys} keys of {} pools (one logged command)", pools.len());
+        let loading = Instant::now();
         let deadline = Instant::now() + Duration::from_secs(3600);
         match self.0.apply(&Command::ImportSglang { pools, replace: false }, deadline).await {
             Ok(Reply::Imported { pools, keys, leaked_pages }) => {
+                let secs = start.elapsed().as_secs_f64();
                 tracing::info!(
-                    pools,
-                    keys,
-                    leaked_pages,
-                    seconds = start.elapsed().as_secs_f64(),
-                    "imported SGLang's pools"
+                    "import: done, {keys} keys of {pools} pools in {secs:.2} s ({:.0} keys/s; loading and \
+                     logging {:.2} s), {leaked_pages} leaked pages made free",
+                    keys as f64 / secs.max(1e-9),
+                    loading.elapsed().as_secs_f64()
                 );
                 Ok(())
             }

@@ -101,7 +101,7 @@ fn assert_pages_add_up(addr: SocketAddr) {
 /// Saves `key` on both ranks as vLLM's workers do; `Some(pages)` when both confirms were acked.
 fn save(addr: SocketAddr, key: &str) -> Option<[i64; 2]> {
     let mut pages = [0i64; 2];
-    for rank in 0..2 {
+    for (rank, slot) in pages.iter_mut().enumerate() {
         let (st, body) = post(addr, "/keys/batch_allocate", &format!(r#"{{"rank":{rank},"keys":[["{key}",""]]}}"#));
         if st != 200 {
             return None;
@@ -115,7 +115,7 @@ fn save(addr: SocketAddr, key: &str) -> Option<[i64; 2]> {
         if st != 204 {
             return None;
         }
-        pages[rank] = page;
+        *slot = page;
     }
     Some(pages)
 }
@@ -213,7 +213,7 @@ fn kill_9_under_load(engine: &str) {
                         i += 1;
                         if let Some(pages) = save(addr, &key) {
                             acked.lock().unwrap().insert(key.clone(), Acked::Saved(pages));
-                            if i % 5 == 0 {
+                            if i.is_multiple_of(5) {
                                 // Until its reply arrives, a delete may or may not have happened.
                                 acked.lock().unwrap().insert(key.clone(), Acked::Deleting(pages));
                                 let (st, _) = post(addr, "/keys/delete", &format!(r#"{{"keys":["{key}"]}}"#));
@@ -292,6 +292,87 @@ fn a_torn_log_tail_is_cut_and_the_server_starts() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("format version \"9\""), "{err}");
+    assert!(err.contains("has format version 9, written by a newer kvpages"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Waits until `path` (a server's stderr) contains `needle`; returns the whole text.
+fn wait_for_line(path: &Path, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn recovery_and_imports_log_counts_and_rates() {
+    let dir = tmp("progress");
+    let port = free_port();
+    let mut p = start(&dir, port, &[]);
+    for rank in 0..2 {
+        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":64}"#).0, 200);
+    }
+    for i in 0..10 {
+        save(p.addr, &format!("{i:032x}")).unwrap();
+    }
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    // Records: the first start's Configure and LeaseAll, 2 initializes, 10 x 2 ranks x
+    // (allocate + confirm).
+    let records = 2 + 2 + 10 * 4;
+    let file = dir.with_extension("sglang.json");
+    std::fs::write(
+        &file,
+        r#"{"0:kv": {"num_pages": 8, "free_pages": [7, 6, 5], "key_to_index": [["a", 0], ["b", 1], ["c", 2]]},
+            "1:kv": {"num_pages": 4, "free_pages": [3], "key_to_index": [["d", 0], ["e", 1]]}}"#,
+    )
+    .unwrap();
+    let log = dir.with_extension("stderr");
+    let child = Command::new(env!("CARGO_BIN_EXE_kvpages"))
+        .args(["serve", "--port", &port.to_string(), "--engine", "native", "--log", "info", "--data-dir"])
+        .arg(&dir)
+        .arg("--import-sglang")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let p = Proc { child, addr: format!("127.0.0.1:{port}").parse().unwrap() };
+    let text = wait_for_line(&log, "import: done");
+    let size = std::fs::metadata(&file).unwrap().len();
+    for want in [
+        format!("recovery: reading the log (1 segments): done, {records} records in "),
+        format!("recovery: replaying the log: done, {records} records in "),
+        "recovery done: serving".to_owned(),
+        format!("import: parsing SGLang's persistence file ({size} bytes): done, 5 keys in "),
+        "import: loading 5 keys of 2 pools (one logged command)".to_owned(),
+        "import: done, 5 keys of 2 pools in ".to_owned(),
+        "keys/s; loading and logging ".to_owned(),
+        "3 leaked pages made free".to_owned(),
+    ] {
+        assert!(text.contains(&want), "no {want:?} in the log:\n{text}");
+    }
+    assert!(text.contains(" records/s)"), "{text}");
+    // The command-line import ends with the count and the rate.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvpages"))
+        .args(["import-sglang", "--replace", "--url", &format!("http://{}", p.addr)])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("kvpages: import: done, 5 keys of 2 pools in "), "{err}");
+    assert!(err.contains(" keys/s), 3 leaked pages made free"), "{err}");
+    let reply = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!((reply["pools"].as_u64(), reply["keys"].as_u64()), (Some(2), Some(5)), "{reply}");
+    drop(p);
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::fs::remove_file(&log).unwrap();
 }
