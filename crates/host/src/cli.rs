@@ -400,15 +400,46 @@ fn import_sglang(args: &ImportArgs) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async {
         let mut client = args.server.connect().await?;
-        let resp = client.post(path, body).await.map_err(|e| format!("{url}{path}: {e}"))?;
+        let started = std::time::Instant::now();
+        // The server does the work (its log shows the parsing progress); say every second that
+        // it is still going, so a large import does not look hung.
+        let post = client.post(path, body);
+        tokio::pin!(post);
+        let every = Duration::from_secs(1);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let resp = loop {
+            tokio::select! {
+                resp = &mut post => break resp,
+                _ = tick.tick() => eprintln!(
+                    "kvpages: import: the server is still importing, {:.0} s (its log shows the progress)",
+                    started.elapsed().as_secs_f64()
+                ),
+            }
+        };
+        let resp = resp.map_err(|e| format!("{url}{path}: {e}"))?;
         let text = String::from_utf8_lossy(&resp.body);
         if (200..300).contains(&resp.status) {
+            if let Some(line) = import_summary(&resp.body) {
+                eprintln!("kvpages: {line}");
+            }
             println!("{text}");
             Ok(())
         } else {
             Err(format!("{url}{path} answered {}: {text}", resp.status))
         }
     })
+}
+
+/// The final line of an import, from the server's reply
+/// (`{"pools":P,"keys":K,"leaked_pages":L,"seconds":S}`).
+fn import_summary(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let (pools, keys, leaked, secs) =
+        (v["pools"].as_u64()?, v["keys"].as_u64()?, v["leaked_pages"].as_u64()?, v["seconds"].as_f64()?);
+    Some(format!(
+        "import: done, {keys} keys of {pools} pools in {secs:.2} s ({:.0} keys/s), {leaked} leaked pages made free",
+        keys as f64 / secs.max(1e-9)
+    ))
 }
 
 fn export_sglang(args: &ExportArgs) -> Result<(), String> {

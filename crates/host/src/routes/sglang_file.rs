@@ -18,7 +18,42 @@ use crate::wire::{KeyPage, List, Members, Object, U32, decode, missing, value};
 struct PoolFile {
     num_pages: Option<U32>,
     free_pages: Option<List<U32>>,
-    key_to_index: Option<List<KeyPage>>,
+    key_to_index: Option<CountedKeys>,
+}
+
+thread_local! {
+    /// The progress of the [`parse`] running on this thread (a `Deserialize` impl has no other
+    /// way to reach it) and the keys read so far.
+    static PARSING: std::cell::RefCell<Option<(crate::durable::Progress, u64)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `key_to_index`: a list of `[key, page]` that counts its keys into [`PARSING`].
+struct CountedKeys(Vec<KeyPage>);
+
+impl<'de> Deserialize<'de> for CountedKeys {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CountedKeys;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<CountedKeys, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(x) = seq.next_element::<KeyPage>()? {
+                    v.push(x);
+                    PARSING.with_borrow_mut(|p| {
+                        if let Some((progress, keys)) = p {
+                            *keys += 1;
+                            progress.update(*keys);
+                        }
+                    });
+                }
+                Ok(CountedKeys(v))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 impl Members for PoolFile {
@@ -97,9 +132,27 @@ impl<'de> Deserialize<'de> for PoolsFile {
     }
 }
 
-/// Parses a persistence file, or says precisely where it is wrong.
+/// Parses a persistence file, or says precisely where it is wrong. Progress (keys read, rate)
+/// goes to the log while it runs, and a final line when it is done.
 pub(crate) fn parse(bytes: &[u8]) -> Result<Vec<SglangPool>, String> {
-    decode::<PoolsFile>(bytes).map(|f| f.0)
+    let progress = crate::durable::Progress::new(
+        format!("import: parsing SGLang's persistence file ({} bytes)", bytes.len()),
+        "keys",
+        None,
+    );
+    parse_with(bytes, progress)
+}
+
+/// [`parse`] reporting to `progress`.
+pub(crate) fn parse_with(bytes: &[u8], progress: crate::durable::Progress) -> Result<Vec<SglangPool>, String> {
+    PARSING.set(Some((progress, 0)));
+    let parsed = decode::<PoolsFile>(bytes).map(|f| f.0);
+    if let Some((progress, keys)) = PARSING.take()
+        && parsed.is_ok()
+    {
+        progress.finish(keys);
+    }
+    parsed
 }
 
 /// Writes pools in the peer's format.
@@ -147,6 +200,49 @@ mod tests {
         assert_eq!(pools[0].keys, vec![(Key::parse("a").unwrap(), 2)]);
         assert_eq!((pools[1].rank, &*pools[1].namespace), (1, "kv"));
         assert_eq!(parse(&render(&pools)).unwrap(), pools);
+    }
+
+    #[test]
+    fn parsing_reports_keys_read_and_rate() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+        let keys: Vec<String> = (0..1024).map(|i| format!(r#"["{i:032x}", {i}]"#)).collect();
+        let text =
+            format!(r#"{{"0:kv": {{"num_pages": 1024, "free_pages": [], "key_to_index": [{}]}}}}"#, keys.join(","));
+        // The clock moves 0.5 s per read: at the start, every 256 keys, at the end.
+        let reads = Arc::new(AtomicU64::new(0));
+        let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (r, l) = (reads.clone(), lines.clone());
+        let progress = crate::durable::Progress::with(
+            "parsing",
+            "keys",
+            None,
+            Box::new(move || Duration::from_millis(500 * r.fetch_add(1, Ordering::Relaxed))),
+            Box::new(move |line: &str| l.lock().unwrap().push(line.to_owned())),
+        );
+        let pools = parse_with(text.as_bytes(), progress).unwrap();
+        assert_eq!(pools[0].keys.len(), 1024);
+        assert_eq!(
+            *lines.lock().unwrap(),
+            [
+                "parsing: 512 keys, 512 keys/s",
+                "parsing: 1024 keys, 512 keys/s",
+                "parsing: done, 1024 keys in 2.50 s (410 keys/s)"
+            ]
+        );
+        // A refused file prints no final line, and leaves nothing behind for the next parse.
+        let l = lines.clone();
+        let progress = crate::durable::Progress::with(
+            "parsing",
+            "keys",
+            None,
+            Box::new(|| Duration::ZERO),
+            Box::new(move |line: &str| l.lock().unwrap().push(line.to_owned())),
+        );
+        assert!(parse_with(br#"{"0:kv": {"num_pages": 1}}"#, progress).is_err());
+        assert_eq!(lines.lock().unwrap().len(), 3);
+        assert!(PARSING.with_borrow(|p| p.is_none()));
     }
 
     #[test]
