@@ -1,5 +1,5 @@
 // kvpages simulator page: wires the controls to the wasm `Simulator` (kvpages-core compiled to
-// wasm-bindgen, crates/wasm/browser: the `Simulator` class of src/js.rs), samples
+// wasm, crates/wasm/browser: the class in src/js.rs, loaded from ./pkg/), samples
 // `stats()` every step or frame, and draws. No allocator rule lives here: every page number, count
 // and reply on screen comes from the module; this file only reads forms, formats and paints.
 import { Chart, Series, duration } from './charts.js';
@@ -39,6 +39,10 @@ const ui = {
   mapMs: 0,
   eventsAt: 0,
   eventsKey: '',
+  lastWork: null, // {n, ms} of the last batch of steps, for the perf line
+  capped: false, // whether the last Run frame did fewer steps than the speed asks
+  broken: false, // the simulator stopped on a panic in the module (Reset or Apply recovers)
+  presets: [],
 };
 
 const series = new Series(['free', 'hitRate', 'allocFailures', 'evictions', 'leaks']);
@@ -412,9 +416,7 @@ function setStatus(state, text) {
   document.body.dataset.state = state;
   const el = $('status');
   el.dataset.state = state;
-  const base = state === 'idle' ? `idle · ${fmt(ui.stepsDone)} steps since Apply` : state;
-  el.textContent = text ? `${text}` : base;
-  if (state === 'idle' && !text) el.textContent = base;
+  el.textContent = text || (state === 'idle' ? `idle · ${fmt(ui.stepsDone)} steps since Apply` : state);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -91,13 +91,28 @@ export class Chart {
     this.value.id = `chart-${spec.field}-value`;
     this.value.dataset.testid = `chart-${spec.field}-value`;
     cap.append(title, this.value);
+    this.hover = document.createElement('span');
+    this.hover.className = 'at';
+    this.hover.id = `chart-${spec.field}-at`;
     this.canvas = document.createElement('canvas');
     this.canvas.height = 110;
-    box.append(cap, this.canvas);
+    box.append(cap, this.canvas, this.hover);
     parent.append(box);
+    // Hover reads one sample back: its simulated time and value.
+    this.at = null;
+    this.canvas.addEventListener('mousemove', (e) => {
+      this.at = e.offsetX;
+      if (this.series) this.draw(this.series);
+    });
+    this.canvas.addEventListener('mouseleave', () => {
+      this.at = null;
+      this.hover.textContent = '';
+      if (this.series) this.draw(this.series);
+    });
   }
 
   draw(series) {
+    this.series = series;
     const { spec, canvas } = this;
     const dpr = window.devicePixelRatio || 1;
     const cssW = canvas.clientWidth || 300;
@@ -180,6 +195,17 @@ export class Chart {
       g.beginPath();
       g.arc(left + w, y(last), 2.5, 0, Math.PI * 2);
       g.fill();
+    }
+    if (this.at !== null && vs.length > 0) {
+      const i = vs.length > 1 ? Math.round(Math.min(1, Math.max(0, (this.at - left) / w)) * (vs.length - 1)) : 0;
+      const xx = Math.round(x(i)) + 0.5;
+      g.strokeStyle = '#8b93a7';
+      g.lineWidth = 1;
+      g.beginPath();
+      g.moveTo(xx, top);
+      g.lineTo(xx, top + h);
+      g.stroke();
+      this.hover.textContent = `at ${duration(ts[i])}: ${vs[i] === null ? '–' : spec.format(vs[i])}`;
     }
   }
 }

@@ -91,7 +91,8 @@ export class PageMaps {
       row.grid = grid;
       row.counts = counts;
       this.paint(row, grid, counts);
-      const per = grid.cells === n ? '1 page per cell' : `≈${nf.format(Math.round(n / grid.cells))} pages per cell`;
+      const ratio = n / grid.cells;
+      const per = grid.cells === n ? '1 page per cell' : `≈${ratio < 10 ? ratio.toFixed(1) : nf.format(Math.round(ratio))} pages per cell`;
       row.label.textContent = `rank ${row.rank} · ${nf.format(n)} pages · ${per}`;
     }
     if (this.hover) this.showTooltip();

@@ -426,6 +426,12 @@ async function body(page, base, wasmTypes) {
     assert.equal(parseShown(await text(page, '#chart-leaks-value')), s.counters.expiredReservations);
     assert.equal(parseShown(await text(page, '#chart-allocFailures-value')), s.workload.allocFailures);
     assert.equal(parseShown(await text(page, '#chart-evictions-value')), s.counters.evictions);
+    // Hovering a chart reads a sample back; the right edge is the latest one.
+    const box = await page.locator('#chart-free canvas').boundingBox();
+    await page.mouse.move(box.x + box.width - 2, box.y + box.height / 2);
+    assert.equal(await text(page, '#chart-free-at'), `at ${s.now / 1000} s: ${s.totals.free.toLocaleString('en-US')}`);
+    await page.mouse.move(5, 5);
+    assert.equal(await text(page, '#chart-free-at'), '');
   });
 
   await check('speed control and Run/Pause run continuously (screenshot mid-run)', async () => {
@@ -495,7 +501,7 @@ async function body(page, base, wasmTypes) {
     const native = JSON.parse(stdout);
     const page_ = { now: s.now, requests: s.requests, keys: s.keys, pendingKeys: s.pendingKeys, ranks: s.ranks, counters: s.counters, workload: s.workload };
     assert.deepEqual(page_, coreFigures(native));
-    console.log(`     ${exported.log.length} commands; native: ${JSON.stringify(native.ranks.map((r) => r.free))} free, ${native.counters.expiredReservations} expired`);
+    console.log(`     ${exported.log.length} actions, ${native.requests} requests; native: ${JSON.stringify(native.ranks.map((r) => r.free))} free, ${native.counters.expiredReservations} expired`);
   });
 
   await check('Import replays the exported scenario to the same numbers', async () => {
