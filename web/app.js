@@ -18,6 +18,8 @@ const FRAME_BUDGET_MS = 12;
 const BATCH_BUDGET_MS = 40;
 /** A fixed speed never makes one frame step for longer than this (ms): the tab stays usable. */
 const FRAME_CAP_MS = 100;
+/** ... except that speeds up to this many steps per frame are always exact (seeded runs agree). */
+const CAP_FLOOR = 100;
 /** Up to this many steps in a frame, stats() is sampled after each step; beyond, once a frame. */
 const SAMPLE_EACH_STEP = 32;
 /** Hit rate on the chart: over this many most recent samples (the counters show the total). */
@@ -387,7 +389,7 @@ function frame() {
     if (task.kind === 'run') {
       const speed = SPEEDS[Number($('speed').value)];
       let n = speed === 'max' ? adaptiveChunk(FRAME_BUDGET_MS) : speed;
-      const cap = ui.rateKnown ? adaptiveChunk(FRAME_CAP_MS) : n;
+      const cap = ui.rateKnown ? Math.max(CAP_FLOOR, adaptiveChunk(FRAME_CAP_MS)) : n;
       ui.capped = n > cap;
       doSteps(Math.min(n, cap));
       setStatus('running', `running · ${fmt(ui.stepsDone)} steps`);
