@@ -276,6 +276,9 @@ async function body(page, base, wasmTypes) {
     assert.equal(await text(page, '#calc-result'), '4,096 pages');
     await page.fill('#calc-page', '300');
     assert.equal(await text(page, '#calc-result'), '3,495 pages'); // floor(2^30 / 307200)
+    await page.selectOption('#calc-file-unit', { label: 'MiB' });
+    assert.equal(await text(page, '#calc-result'), '3 pages'); // floor(2^20 / 307200)
+    await page.selectOption('#calc-file-unit', { label: 'GiB' });
     await page.fill('#calc-file', '0.0001');
     assert.match(await text(page, '#calc-result'), /^0 /);
     assert.equal(await page.isDisabled('#calc-use'), true);
@@ -525,6 +528,27 @@ async function body(page, base, wasmTypes) {
     assert.equal(await page.isVisible('#counter-expiredReservations'), true);
     const names = await page.locator('#all-counters b').evaluateAll((els) => els.map((e) => e.id));
     assert.deepEqual(names.sort(), Object.keys(exported ? (await shown(page)).counters : {}).map((k) => `counter-${k}`).sort());
+  });
+
+  await check('eviction off vs lru on a full pool: page -1 answers vs evictions (charts and counters follow)', async () => {
+    await setConfig(page, { ranks: 1, pagesPerRank: 256, eviction: 'off', worldSize: '' });
+    await page.click('#apply');
+    await setWorkload(page, { kind: 'unique-burst', seed: 5, stepMs: 100, blocks: 16 });
+    await steps(page, 40);
+    let s = await shown(page);
+    // 40 steps x 16 new blocks on 256 pages: 16 steps fit, the other 24 steps' 384 blocks get -1.
+    assert.deepEqual(s.ranks[0], { rank: 0, numPages: 256, free: 0, reserved: 0, committed: 256, leased: 0, quarantined: 0 });
+    assert.equal(s.workload.allocFailures, 384);
+    assert.equal(s.counters.evictions, 0);
+    assert.equal(parseShown(await text(page, '#chart-allocFailures-value')), 384);
+    await page.selectOption('#cfg-eviction', 'lru');
+    await page.click('#apply');
+    await steps(page, 40);
+    s = await shown(page);
+    assert.equal(s.workload.allocFailures, 0, 'lru makes room');
+    assert.ok(s.counters.evictions >= 640 - 256, `evictions: ${s.counters.evictions}`);
+    assert.equal(parseShown(await text(page, '#chart-evictions-value')), s.counters.evictions);
+    assertTotals(s);
   });
 
   await check('1,000,000 pages per rank: the map aggregates, dominant/blended colouring, stays interactive', async () => {
