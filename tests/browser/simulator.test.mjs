@@ -424,6 +424,7 @@ async function body(page, base, wasmTypes) {
     assert.equal(s.now, fresh.now + 400 * wl.stepMs);
     assertTotals(s);
     assert.ok(s.workload.lookups > 0);
+    assert.equal(await text(page, '#stat-hitRate'), `${((s.workload.lookupHits / s.workload.lookups) * 100).toFixed(1)} %`);
     assert.ok(s.counters.expiredReservations > 0, 'crashing writers leave reservations that expire');
     assert.equal(parseShown(await text(page, '#chart-free-value')), s.totals.free);
     assert.equal(parseShown(await text(page, '#chart-leaks-value')), s.counters.expiredReservations);
@@ -484,6 +485,7 @@ async function body(page, base, wasmTypes) {
 
   let exported;
   let scenarioPath;
+  let native;
   await check('Export downloads the scenario; kvpages-sim replays it natively to the numbers shown', async () => {
     const s = await shown(page);
     const [dl] = await Promise.all([page.waitForEvent('download'), page.click('#export')]);
@@ -501,7 +503,7 @@ async function body(page, base, wasmTypes) {
     assert.equal(exported.log[0].spec.kind, 'crashing-writers');
     assert.equal(exported.log[2].ms, 10000);
     const { stdout } = await run(SIM_BIN, ['replay', scenarioPath], { maxBuffer: 64 << 20 });
-    const native = JSON.parse(stdout);
+    native = JSON.parse(stdout);
     const page_ = { now: s.now, requests: s.requests, keys: s.keys, pendingKeys: s.pendingKeys, ranks: s.ranks, counters: s.counters, workload: s.workload };
     assert.deepEqual(page_, coreFigures(native));
     console.log(`     ${exported.log.length} actions, ${native.requests} requests; native: ${JSON.stringify(native.ranks.map((r) => r.free))} free, ${native.counters.expiredReservations} expired`);
@@ -527,7 +529,9 @@ async function body(page, base, wasmTypes) {
     await page.click('#all-counters-box > summary');
     assert.equal(await page.isVisible('#counter-expiredReservations'), true);
     const names = await page.locator('#all-counters b').evaluateAll((els) => els.map((e) => e.id));
-    assert.deepEqual(names.sort(), Object.keys(exported ? (await shown(page)).counters : {}).map((k) => `counter-${k}`).sort());
+    assert.ok(native, 'needs the native replay above');
+    assert.deepEqual(names.sort(), Object.keys(native.counters).map((k) => `counter-${k}`).sort());
+    assert.ok(names.length >= 10, `counters: ${names.length}`);
   });
 
   await check('eviction off vs lru on a full pool: page -1 answers vs evictions (charts and counters follow)', async () => {
