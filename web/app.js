@@ -702,6 +702,53 @@ async function importScenario(file) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Quick setups: form values only (the module decides everything that follows).
+
+const SETUPS = {
+  crash: {
+    config: { ranks: 2, pagesPerRank: 2048, reservationTtlMs: 5000, quarantineMs: 5000, readLeaseMs: 5000, eviction: 'lru' },
+    workload: { kind: 'crashing-writers', blocks: 8, prompts: 200, prefixBlocks: 8, crashRate: 0.3, stepMs: 100 },
+  },
+  'full-off': {
+    config: { ranks: 2, pagesPerRank: 1024, eviction: 'off' },
+    workload: { kind: 'unique-burst', blocks: 16, stepMs: 100 },
+  },
+  'full-lru': {
+    config: { ranks: 2, pagesPerRank: 1024, eviction: 'lru', high: 950, low: 900 },
+    workload: { kind: 'unique-burst', blocks: 16, stepMs: 100 },
+  },
+  chat: {
+    config: { ranks: 4, pagesPerRank: 8192, eviction: 'lru' },
+    workload: { kind: 'multi-turn', chats: 64, turns: 16, blocks: 8, stepMs: 200 },
+  },
+  dup: {
+    config: { ranks: 2, pagesPerRank: 4096, eviction: 'lru' },
+    workload: { kind: 'duplicate-writers', blocks: 16, prompts: 500, prefixBlocks: 12, stepMs: 100 },
+  },
+  big: {
+    config: { ranks: 8, pagesPerRank: 1000000, eviction: 'lru' },
+    workload: { kind: 'shared-prefix', blocks: 16, prompts: 5000, prefixBlocks: 12, stepMs: 50 },
+  },
+};
+
+const SETUP_FIELDS = {
+  ranks: 'cfg-ranks', pagesPerRank: 'cfg-pages', reservationTtlMs: 'cfg-ttl', quarantineMs: 'cfg-quarantine',
+  readLeaseMs: 'cfg-lease', eviction: 'cfg-eviction', high: 'cfg-high', low: 'cfg-low',
+  kind: 'wl-kind', blocks: 'wl-blocks', prompts: 'wl-prompts', prefixBlocks: 'wl-prefix', crashRate: 'wl-crash',
+  chats: 'wl-chats', turns: 'wl-turns', stepMs: 'wl-stepms',
+};
+
+function quickSetup(name) {
+  const s = SETUPS[name];
+  if (!s) return;
+  for (const [k, v] of [...Object.entries(s.config), ...Object.entries(s.workload)]) $(SETUP_FIELDS[k]).value = String(v);
+  $('cfg-world').value = '';
+  showKindFields();
+  updateModel();
+  if (apply()) setStatus('idle', `set up: ${$('setup').selectedOptions[0].textContent} — press Run`);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Wiring
 
 function wire() {
@@ -729,6 +776,10 @@ function wire() {
     updateCalc();
   });
 
+  $('setup').addEventListener('change', () => {
+    quickSetup($('setup').value);
+    $('setup').value = '';
+  });
   $('workload-form').addEventListener('input', showWorkloadState);
   $('workload-form').addEventListener('submit', (e) => e.preventDefault());
   $('wl-kind').addEventListener('change', showKindFields);

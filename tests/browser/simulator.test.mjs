@@ -534,6 +534,18 @@ async function body(page, base, wasmTypes) {
     assert.ok(names.length >= 10, `counters: ${names.length}`);
   });
 
+  await check('quick setup fills the cluster and workload forms and applies them', async () => {
+    await page.selectOption('#setup', 'chat');
+    assert.match(await text(page, '#status'), /^set up: chat service/);
+    assert.equal(await page.inputValue('#cfg-ranks'), '4');
+    assert.equal(await page.inputValue('#wl-kind'), 'multi-turn');
+    assert.equal(await page.isVisible('#wl-chats'), true);
+    assert.equal(await page.locator('#maps canvas').count(), 4);
+    assert.deepEqual((await shown(page)).ranks.map((r) => r.numPages), [8192, 8192, 8192, 8192]);
+    assert.equal(await text(page, '#config-dirty'), '');
+    assert.equal(await page.inputValue('#setup'), '');
+  });
+
   await check('eviction off vs lru on a full pool: page -1 answers vs evictions (charts and counters follow)', async () => {
     await setConfig(page, { ranks: 1, pagesPerRank: 256, eviction: 'off', worldSize: '' });
     await page.click('#apply');
