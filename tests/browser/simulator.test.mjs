@@ -636,13 +636,17 @@ async function body(page, base, wasmTypes) {
     assert.match(JSON.parse(bad.body).detail, /^Invalid request format: need 'rank' and 'keys'/);
     const notJson = await send(page, 'POST', '/keys/batch_exists', '{"keys": [');
     assert.equal(notJson.status, 400);
+    const wrongMethod = await send(page, 'GET', '/keys/batch_exists', '');
+    assert.equal(wrongMethod.status, 405);
+    assert.equal(typeof JSON.parse(wrongMethod.body).detail, 'string');
     const after = await shown(page);
-    assert.equal(after.requests, before.requests + 3);
+    assert.equal(after.requests, before.requests + 4);
     assert.deepEqual(after.ranks, before.ranks, 'nothing applied');
     await page.check('#events-errors');
     const rows = page.locator('#events tbody tr');
-    assert.equal(await rows.count(), 3);
-    assert.match(await rows.nth(2).textContent(), /get_locations.*404/);
+    assert.equal(await rows.count(), 4);
+    assert.match(await rows.nth(3).textContent(), /get_locations.*404/);
+    assert.match(await rows.nth(0).textContent(), /GET \/keys\/batch_exists.*405/);
     await page.uncheck('#events-errors');
   });
 }
