@@ -198,6 +198,21 @@ async function send(page, method, path, body) {
   return { status: Number(await text(page, '#cmd-status')), body: await page.getAttribute('#cmd-reply', 'data-raw') };
 }
 
+/** The same request to the real server: `{status, body}` as `kvpages serve` answers it. */
+async function serverSend(base, method, path, body) {
+  const text_ = typeof body === 'string' ? body : JSON.stringify(body);
+  const r = await fetch(`${base}${path}`, { method, body: method === 'GET' || method === 'HEAD' ? undefined : text_ });
+  return { status: r.status, body: await r.text() };
+}
+
+/** Sends through the page's command box and to the server; both answers must be identical. */
+async function sendBoth(page, base, method, path, body) {
+  const fromPage = await send(page, method, path, body);
+  const fromServer = await serverSend(base, method, path, body);
+  assert.deepEqual(fromPage, fromServer, `${method} ${path}: the page's reply differs from kvpages serve's`);
+  return fromPage;
+}
+
 const canvasData = (page, id) => page.evaluate((id) => document.getElementById(id).toDataURL(), id);
 
 // ---------------------------------------------------------------------------------------------
@@ -205,7 +220,8 @@ const canvasData = (page, id) => page.evaluate((id) => document.getElementById(i
 async function main() {
   await mkdir(OUT, { recursive: true });
   const port = await freePort();
-  const server = spawn(BIN, ['serve', '--in-memory', '--host', '127.0.0.1', '--port', String(port)], {
+  // World size 3: the server mirrors the page's 3-rank cluster for the hand commands.
+  const server = spawn(BIN, ['serve', '--in-memory', '--host', '127.0.0.1', '--port', String(port), '--world-size', '3'], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let serverLog = '';
@@ -331,23 +347,27 @@ async function body(page, base, wasmTypes) {
 
   const K1 = 'aaaabbbbccccddddaaaabbbbccccdddd';
   const K2 = 'browser-test-key-2';
-  await check('hand commands get the exact replies of the server rules', async () => {
-    assert.deepEqual(await send(page, 'POST', '/keys/batch_allocate', { rank: 0, keys: [[K1, ''], [K2, ''], [K1, '']] }), {
+  await check('hand commands: exact replies, the same as kvpages serve gives in the same state', async () => {
+    // The server gets the page's cluster: 3 ranks of 2000 pages (world size 3, set at its start).
+    for (const rank of [0, 1, 2]) {
+      assert.equal((await serverSend(base, 'POST', `/rank/${rank}/initialize`, { num_pages: 2000 })).status, 200);
+    }
+    assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/batch_allocate', { rank: 0, keys: [[K1, ''], [K2, ''], [K1, '']] }), {
       status: 200,
       body: JSON.stringify({ rank: 0, results: [[K1, 0], [K2, 1]] }),
     });
     assert.equal((await shown(page)).ranks[0].reserved, 2);
-    assert.deepEqual(await send(page, 'POST', '/keys/confirm_write', { rank: 0, confirmations: [[K1, 0]], pages_to_release: [1] }), { status: 204, body: '' });
+    assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/confirm_write', { rank: 0, confirmations: [[K1, 0]], pages_to_release: [1] }), { status: 204, body: '' });
     assert.equal(await text(page, '#cmd-reply'), '(empty body)');
     // World size 3: a key confirmed on rank 0 only is not stored yet.
-    assert.deepEqual(await send(page, 'POST', '/keys/batch_exists', { keys: [K1, K2] }), { status: 200, body: '{"exists":[false,false]}' });
+    assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/batch_exists', { keys: [K1, K2] }), { status: 200, body: '{"exists":[false,false]}' });
     for (const rank of [1, 2]) {
-      const a = await send(page, 'POST', '/keys/batch_allocate', { rank, keys: [[K1, '']] });
+      const a = await sendBoth(page, base, 'POST', '/keys/batch_allocate', { rank, keys: [[K1, '']] });
       assert.deepEqual(a, { status: 200, body: JSON.stringify({ rank, results: [[K1, 0]] }) });
-      assert.deepEqual(await send(page, 'POST', '/keys/confirm_write', { rank, confirmations: [[K1, 0]] }), { status: 204, body: '' });
+      assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/confirm_write', { rank, confirmations: [[K1, 0]] }), { status: 204, body: '' });
     }
-    assert.deepEqual(await send(page, 'POST', '/keys/batch_exists', { keys: [K1, K2] }), { status: 200, body: '{"exists":[true,false]}' });
-    assert.deepEqual(await send(page, 'POST', '/keys/get_locations', { rank: 2, keys: [K1, K2] }), { status: 200, body: '{"locations":[0,null]}' });
+    assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/batch_exists', { keys: [K1, K2] }), { status: 200, body: '{"exists":[true,false]}' });
+    assert.deepEqual(await sendBoth(page, base, 'POST', '/keys/get_locations', { rank: 2, keys: [K1, K2] }), { status: 200, body: '{"locations":[0,null]}' });
     assert.match(await page.getAttribute('#cmd-status', 'class'), /ok/);
     const s = await shown(page);
     assert.equal(s.keys, 1);
@@ -627,16 +647,16 @@ async function body(page, base, wasmTypes) {
   await check('refused hand commands: the statuses and details of the server, nothing applied, shown as errors', async () => {
     await page.click('#reset');
     const before = await shown(page);
-    const missing = await send(page, 'POST', '/keys/get_locations', { rank: 63, keys: [K1] });
+    const missing = await sendBoth(page, base, 'POST', '/keys/get_locations', { rank: 63, keys: [K1] });
     assert.equal(missing.status, 404);
     assert.match(JSON.parse(missing.body).detail, /^Rank 63 not initialized/);
     assert.match(await page.getAttribute('#cmd-status', 'class'), /err/);
-    const bad = await send(page, 'POST', '/keys/batch_allocate', '{"rank": 0.0, "keys": [["k", ""]]}');
+    const bad = await sendBoth(page, base, 'POST', '/keys/batch_allocate', '{"rank": 0.0, "keys": [["k", ""]]}');
     assert.equal(bad.status, 400);
     assert.match(JSON.parse(bad.body).detail, /^Invalid request format: need 'rank' and 'keys'/);
-    const notJson = await send(page, 'POST', '/keys/batch_exists', '{"keys": [');
+    const notJson = await sendBoth(page, base, 'POST', '/keys/batch_exists', '{"keys": [');
     assert.equal(notJson.status, 400);
-    const wrongMethod = await send(page, 'GET', '/keys/batch_exists', '');
+    const wrongMethod = await sendBoth(page, base, 'GET', '/keys/batch_exists', '');
     assert.equal(wrongMethod.status, 405);
     assert.equal(typeof JSON.parse(wrongMethod.body).detail, 'string');
     const after = await shown(page);
