@@ -43,8 +43,10 @@ pub use self::workload::Workload;
 use self::workload::{Fixture, KeyGen, Mode, Run, Tally, Worker};
 use crate::api::{json_bytes, no_content};
 use crate::client::{Client, loopback_addr};
-use crate::server::{self, App, ServeConfig};
-use kvpages_core::{Eviction, Settings};
+use crate::durable::FsyncMode;
+use crate::engine::EngineKind;
+use crate::server::{self, App, DurableConfig, ServeConfig};
+use kvpages_core::Eviction;
 
 /// The floor route: registered only when [`ServeConfig::bench_floor`] is set.
 pub const FLOOR_PATH: &str = "/bench/floor";
@@ -125,6 +127,50 @@ pub struct BenchArgs {
     /// Log filter of the in-process server.
     #[arg(long, default_value = "error")]
     pub log: String,
+    /// In-process servers to measure, comma-separated: `ENGINE` (in memory) or `ENGINE/FSYNC`
+    /// (durable, `--fsync FSYNC`), e.g. `native,wasm,native/always,native/interval=10`. The
+    /// first is the reference (`kvpages` in the results, compared with the floor and the peer);
+    /// every other is also reported as a ratio to it. Runs alternate target by target. Default:
+    /// the default engine (`wasm`) in memory. Not with --url.
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Vec<TargetSpec>,
+    /// Where durable --targets keep their state: a fresh subdirectory each, emptied first and
+    /// removed at the end.
+    #[arg(long, default_value = "target/bench/data")]
+    pub data_dir: PathBuf,
+}
+
+/// One in-process server of `--targets`: an engine, in memory or durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    /// The engine it runs.
+    pub engine: EngineKind,
+    /// `None`: in memory; `Some`: a data directory with this `--fsync` mode.
+    pub fsync: Option<FsyncMode>,
+}
+
+impl TargetSpec {
+    /// `memory`, `fsync-always` or `fsync-interval-MSms`: the durability label of the results.
+    pub fn durability(&self) -> String {
+        match self.fsync {
+            None => "memory".into(),
+            Some(FsyncMode::Always) => "fsync-always".into(),
+            Some(FsyncMode::Interval(d)) => format!("fsync-interval-{}ms", d.as_millis()),
+        }
+    }
+}
+
+impl std::str::FromStr for TargetSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TargetSpec, String> {
+        let (engine, fsync) = match s.split_once('/') {
+            Some((e, f)) => (e, Some(f.parse::<FsyncMode>()?)),
+            None => (s, None),
+        };
+        let engine = <EngineKind as clap::ValueEnum>::from_str(engine.trim(), true)
+            .map_err(|_| format!("'{s}': the engine is `wasm` or `native`"))?;
+        Ok(TargetSpec { engine, fsync })
+    }
 }
 
 fn parse_warmup(s: &str) -> Result<Duration, String> {
@@ -138,7 +184,8 @@ struct Target {
     name: String,
     /// Engine that answered (`native`; `none` for the floor; the peer's name).
     engine: String,
-    /// Where the state lives: `memory` (no durable mode exists yet).
+    /// Where the state lives: `memory`, `fsync-always`, `fsync-interval-MSms` (`unreported`
+    /// for a --url server, whose /health does not say).
     durability: String,
     #[serde(skip)]
     addr: SocketAddr,
@@ -230,6 +277,25 @@ struct Ratio {
     p50_vs_floor: Option<f64>,
     /// `vs_floor` of each run alone (how much the machine's noise moves it).
     runs_vs_floor: Vec<f64>,
+    /// The other `--targets` at this point, each against the reference (`kvpages`).
+    others: Vec<OtherRatio>,
+}
+
+/// One non-reference target of `--targets` at one (workload, concurrency).
+#[derive(Clone, Debug, Serialize)]
+struct OtherRatio {
+    target: String,
+    engine: String,
+    durability: String,
+    requests_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Its requests/s ÷ the floor's.
+    vs_floor: Option<f64>,
+    /// Its requests/s ÷ the reference's (`kvpages`).
+    vs_reference: Option<f64>,
+    /// `vs_reference` of each run alone (run i of both).
+    runs_vs_reference: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -271,48 +337,76 @@ struct Report<'a> {
 }
 
 /// The in-process servers, on a runtime of their own so that the generator's tasks never share
-/// a worker thread's queue with them: the default configuration, and one with eviction off for
-/// `pool-full` (a full pool answers -1 there, as vLLM's server does; by default it would evict).
+/// a worker thread's queue with them. Per `--targets` entry, two: the default configuration, and
+/// one with eviction off for `pool-full` (a full pool answers -1 there, as vLLM's server does; by
+/// default it would evict). Only one is under load at a time.
 struct InProcess {
     runtime: tokio::runtime::Runtime,
-    addr: SocketAddr,
-    pool_full_addr: SocketAddr,
+    /// Per `--targets` entry: it, its address, its `pool-full` server's address.
+    servers: Vec<(TargetSpec, SocketAddr, SocketAddr)>,
     stop: Vec<tokio::sync::oneshot::Sender<()>>,
-    engine: String,
+    /// Data directories to remove at the end.
+    dirs: Vec<PathBuf>,
 }
 
 impl InProcess {
-    fn start(threads: usize) -> Result<InProcess, String> {
+    fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("kvpages-server")
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
-        let config = ServeConfig { bench_floor: true, ..ServeConfig::default() };
-        let no_eviction =
-            ServeConfig { settings: Settings { eviction: Eviction::Off, ..config.settings }, ..config.clone() };
-        let mut stop = Vec::new();
-        let mut addrs = Vec::new();
-        for config in [config.clone(), no_eviction] {
-            let listener = runtime
-                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-                .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
-            let router = server::router(config.clone(), server::build_engine(&config, 0x6b76_7061_6765_7321))?;
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            stop.push(tx);
-            runtime.spawn(async move {
-                if let Err(e) = server::run(listener, router, async move {
-                    let _ = rx.await;
-                })
-                .await
-                {
-                    tracing::error!("in-process server failed: {e}");
+        let mut this = InProcess { runtime, servers: Vec::new(), stop: Vec::new(), dirs: Vec::new() };
+        for (i, spec) in specs.iter().enumerate() {
+            let mut addrs = Vec::new();
+            for (j, eviction) in [Eviction::Lru, Eviction::Off].into_iter().enumerate() {
+                let mut config = ServeConfig { bench_floor: true, engine: spec.engine, ..ServeConfig::default() };
+                config.settings.eviction = eviction;
+                if let Some(fsync) = spec.fsync {
+                    let dir = data_dir.join(format!("{i}-{}-{}-{j}", spec.engine, spec.durability()));
+                    if dir.exists() {
+                        std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                    }
+                    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+                    this.dirs.push(dir.clone());
+                    config.durability = Some(DurableConfig {
+                        dir,
+                        fsync,
+                        // `kvpages serve`'s defaults.
+                        snapshot_every: 1_000_000,
+                        snapshot_interval: Duration::from_secs(300),
+                    });
                 }
-            });
+                addrs.push(this.serve(config)?);
+            }
+            this.servers.push((*spec, addrs[0], addrs[1]));
         }
-        Ok(InProcess { runtime, addr: addrs[0], pool_full_addr: addrs[1], stop, engine: config.engine.to_string() })
+        Ok(this)
+    }
+
+    /// Starts one server (recovering it first when durable) and returns its address.
+    fn serve(&mut self, config: ServeConfig) -> Result<SocketAddr, String> {
+        const SEED: u64 = 0x6b76_7061_6765_7321;
+        let listener = self
+            .runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (router, handle) = server::build(config.clone(), server::try_build_engine(&config, SEED)?)?;
+        self.runtime.block_on(handle.start(SEED))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        self.stop.push(tx);
+        self.runtime.spawn(async move {
+            if let Err(e) = server::run(listener, router, async move {
+                let _ = rx.await;
+            })
+            .await
+            {
+                tracing::error!("in-process server failed: {e}");
+            }
+        });
+        Ok(addr)
     }
 
     fn stop(self) {
@@ -320,6 +414,9 @@ impl InProcess {
             let _ = tx.send(());
         }
         self.runtime.shutdown_timeout(Duration::from_secs(2));
+        for dir in self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -337,8 +434,13 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         return Err("--concurrency needs numbers of at least 1".into());
     }
+    if args.url.is_some() && !args.targets.is_empty() {
+        return Err("--targets names in-process servers; --url measures another one: pick one of them".into());
+    }
+    let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
+    let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
-    let server = InProcess::start(threads)?;
+    let server = InProcess::start(threads, specs, &args.data_dir)?;
     let generator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("kvpages-bench")
@@ -359,30 +461,39 @@ async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<
     let parsed =
         (health.status == 200).then(|| serde_json::from_slice::<serde_json::Value>(&health.body).ok()).flatten();
     let engine = parsed.as_ref().and_then(|v| field(v, "engine")).unwrap_or_else(|| name.clone());
-    let durability = parsed.as_ref().and_then(|v| field(v, "durability")).unwrap_or_else(|| "memory".into());
+    let durability = parsed.as_ref().and_then(|v| field(v, "durability")).unwrap_or_else(|| "unreported".into());
     Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration })
 }
 
 async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
     let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload.clone() };
-    let primary = match &args.url {
-        Some(url) => describe(loopback_addr(url).map_err(|e| e.to_string())?, "kvpages".into(), args.duration).await?,
-        // The in-process server runs the default engine and keeps its state in memory.
-        None => Target {
-            name: "kvpages".into(),
-            engine: server.engine.clone(),
-            durability: "memory".into(),
-            addr: server.addr,
-            pool_full_addr: server.pool_full_addr,
-            duration: args.duration,
-        },
+    // The kvpages servers: the first is the reference (`kvpages`).
+    let kv: Vec<Target> = match &args.url {
+        Some(url) => {
+            vec![describe(loopback_addr(url).map_err(|e| e.to_string())?, "kvpages".into(), args.duration).await?]
+        }
+        None => server
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, &(spec, addr, pool_full_addr))| Target {
+                name: if i == 0 { "kvpages".into() } else { format!("kvpages-{}-{}", spec.engine, spec.durability()) },
+                engine: spec.engine.to_string(),
+                durability: spec.durability(),
+                addr,
+                pool_full_addr,
+                duration: args.duration,
+            })
+            .collect(),
     };
+    let primary = kv[0].clone();
+    let (_, floor_addr, floor_pool_full_addr) = server.servers[0];
     let floor = Target {
         name: "floor".into(),
         engine: "none".into(),
         durability: "none".into(),
-        addr: server.addr,
-        pool_full_addr: server.pool_full_addr,
+        addr: floor_addr,
+        pool_full_addr: floor_pool_full_addr,
         duration: args.duration,
     };
     let peer = match &args.peer {
@@ -404,7 +515,8 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
         workload::FULL_POOL_PAGES
     );
     println!("kvpages bench: {} workload(s) × concurrency {:?}; {pool}", workloads.len(), args.concurrency);
-    let mut targets = vec![primary.clone(), floor.clone()];
+    let mut targets = kv.clone();
+    targets.push(floor.clone());
     targets.extend(peer.clone());
     for t in &targets {
         println!("  target {:<20} engine {:<20} durability {:<8} {}", t.name, t.engine, t.durability, t.addr);
@@ -421,7 +533,11 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                 Fixture::set_up(&mut c, w, keys).await.map(Arc::new)
             }
         };
-        let fixture = set_up(&primary).await.map_err(|e| format!("{}: set-up on {}: {e}", w.name(), primary.name))?;
+        let mut fixtures = Vec::with_capacity(kv.len());
+        for t in &kv {
+            fixtures.push(set_up(t).await.map_err(|e| format!("{}: set-up on {}: {e}", w.name(), t.name))?);
+        }
+        let fixture = fixtures[0].clone();
         let peer_fixture = match &peer {
             Some(p) => Some(set_up(p).await.map_err(|e| format!("{}: set-up on {}: {e}", w.name(), p.name))?),
             None => None,
@@ -430,10 +546,14 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
             // kvpages, floor (and peer) alternate run by run, so that a burst of load from
             // elsewhere on the machine hits both sides of a ratio alike.
             let (mut real, mut base, mut other) = (Vec::new(), Vec::new(), Vec::new());
+            let mut extra: Vec<Vec<Raw>> = (1..kv.len()).map(|_| Vec::new()).collect();
             let mut floor_mode = None;
             for rep in 0..args.repeat.max(1) {
                 let tag = |t: &Target| format!("{} {} c={c} run {}/{}", t.name, w.name(), rep + 1, args.repeat.max(1));
                 real.push(run_once(&primary, &fixture, &Mode::Real, c, args, &tag(&primary)).await?);
+                for (i, t) in kv.iter().enumerate().skip(1) {
+                    extra[i - 1].push(run_once(t, &fixtures[i], &Mode::Real, c, args, &tag(t)).await?);
+                }
                 // The floor answers each step with the mean reply size its real route gave.
                 let mode = floor_mode.get_or_insert_with(|| {
                     let raw = &real[0];
@@ -456,24 +576,40 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
             let real = summarise(&primary, w, c, real);
             let base = summarise(&floor, w, c, base);
             let other = peer.as_ref().filter(|_| !other.is_empty()).map(|p| summarise(p, w, c, other));
-            for m in [Some(&real), Some(&base), other.as_ref()].into_iter().flatten() {
+            let extra: Vec<Measurement> = kv[1..].iter().zip(extra).map(|(t, raws)| summarise(t, w, c, raws)).collect();
+            for m in
+                [Some(&real)].into_iter().chain(extra.iter().map(Some)).chain([Some(&base), other.as_ref()]).flatten()
+            {
                 print_measurement(m);
             }
             let div = |a: f64, b: f64| (b > 0.0 && a > 0.0).then_some(a / b);
+            let runs = |a: &[f64], b: &[f64]| a.iter().zip(b).filter_map(|(&a, &b)| div(a, b)).collect::<Vec<_>>();
+            let others = extra
+                .iter()
+                .map(|m| OtherRatio {
+                    target: m.target.clone(),
+                    engine: m.engine.clone(),
+                    durability: m.durability.clone(),
+                    requests_per_s: m.requests_per_s,
+                    p50_us: m.latency.p50_us,
+                    p99_us: m.latency.p99_us,
+                    vs_floor: div(m.requests_per_s, base.requests_per_s),
+                    vs_reference: div(m.requests_per_s, real.requests_per_s),
+                    runs_vs_reference: runs(&m.runs_requests_per_s, &real.runs_requests_per_s),
+                })
+                .collect();
             ratios.push(Ratio {
                 workload: w.name().into(),
                 concurrency: c,
                 vs_floor: div(real.requests_per_s, base.requests_per_s),
                 vs_peer: other.as_ref().and_then(|o| div(real.requests_per_s, o.requests_per_s)),
                 p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
-                runs_vs_floor: real
-                    .runs_requests_per_s
-                    .iter()
-                    .zip(&base.runs_requests_per_s)
-                    .filter_map(|(&a, &b)| div(a, b))
-                    .collect(),
+                runs_vs_floor: runs(&real.runs_requests_per_s, &base.runs_requests_per_s),
+                others,
             });
-            for m in [Some(&real), Some(&base)].into_iter().chain([other.as_ref()]).flatten() {
+            for m in
+                [Some(&real), Some(&base)].into_iter().chain(extra.iter().map(Some)).chain([other.as_ref()]).flatten()
+            {
                 if m.errors > 0 && m.target != args.peer_name {
                     failed.push(format!(
                         "{} {} c={}: {}",
@@ -485,6 +621,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                 }
             }
             results.push(real);
+            results.extend(extra);
             results.push(base);
             results.extend(other);
         }
@@ -717,5 +854,39 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
     }
     if let Some(m) = results.first() {
         println!("engine {}, durability {}; latency per request (all steps of a workload).", m.engine, m.durability);
+    }
+    if ratios.iter().all(|r| r.others.is_empty()) {
+        return;
+    }
+    println!();
+    println!(
+        "{:<22} {:>5} {:<32} {:>10} {:>9} {:>9} {:>7} {:>8} {:>11}",
+        "workload", "conc", "target", "req/s", "p50 µs", "p99 µs", "÷floor", "÷kvpages", "runs"
+    );
+    for r in ratios {
+        for o in &r.others {
+            let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+            let lo = o.runs_vs_reference.iter().copied().reduce(f64::min);
+            let hi = o.runs_vs_reference.iter().copied().reduce(f64::max);
+            let spread = match (lo, hi) {
+                (Some(lo), Some(hi)) if o.runs_vs_reference.len() > 1 => format!("{lo:.2}–{hi:.2}"),
+                _ => "-".into(),
+            };
+            println!(
+                "{:<22} {:>5} {:<32} {:>10.0} {:>9.1} {:>9.1} {:>7} {:>8} {:>11}",
+                r.workload,
+                r.concurrency,
+                format!("{} {}", o.engine, o.durability),
+                o.requests_per_s,
+                o.p50_us,
+                o.p99_us,
+                opt(o.vs_floor),
+                opt(o.vs_reference),
+                spread
+            );
+        }
+    }
+    if let Some(m) = results.first() {
+        println!("÷kvpages: over the reference ({} {}) in the same run.", m.engine, m.durability);
     }
 }
