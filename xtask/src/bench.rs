@@ -25,6 +25,11 @@ use crate::{Result, cargo, root, run, step};
 /// Concurrencies of the report.
 const CONCURRENCY: &str = "1,4,16,64";
 
+/// The in-process servers of the report, measured interleaved in one run: the native engine in
+/// memory (the reference the floor and the peer are compared with), the wasm plugin (the
+/// default engine), and the native engine on disk with each `--fsync` mode.
+const TARGETS: &str = "native,wasm,native/always,native/interval=10";
+
 struct Peer {
     child: Child,
     url: String,
@@ -100,6 +105,7 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
     let load_json = out.join("load.json");
     let mut cmd = Command::new(&bin);
     cmd.args(["bench", "--concurrency", CONCURRENCY, "--duration", duration, "--repeat", repeat, "--warmup", "0.3"]);
+    cmd.args(["--targets", TARGETS]).arg("--data-dir").arg(out.join("data"));
     cmd.arg("--json").arg(&load_json);
     if let Some(p) = &peer {
         cmd.args(["--peer", &p.url, "--wipe", "--peer-duration", peer_duration, "--peer-repeat", "1"]);
@@ -211,7 +217,7 @@ fn find<'a>(load: &'a Value, target: &str, w: &str, c: u64) -> Option<Row<'a>> {
 }
 
 fn peer_name(load: &Value) -> Option<String> {
-    rows(load).iter().map(|r| r.s("target").to_owned()).find(|t| t != "kvpages" && t != "floor")
+    rows(load).iter().map(|r| r.s("target").to_owned()).find(|t| !t.starts_with("kvpages") && t != "floor")
 }
 
 fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
@@ -233,7 +239,13 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
     );
     let _ = writeln!(s, "Pool: {}.\n", load["pool"].as_str().unwrap_or(""));
     let peer = peer_name(load);
-    let _ = writeln!(s, "## Load (HTTP/1.1 keep-alive on loopback; engine native, durability memory)\n");
+    let reference = load["targets"].as_array().and_then(|t| t.first());
+    let _ = writeln!(
+        s,
+        "## Load (HTTP/1.1 keep-alive on loopback; engine {}, durability {})\n",
+        reference.and_then(|t| t["engine"].as_str()).unwrap_or("?"),
+        reference.and_then(|t| t["durability"].as_str()).unwrap_or("?")
+    );
     let _ = writeln!(
         s,
         "req/s and latency per request (every request of a workload); keys/s = iterations × keys per iteration / s. \
@@ -273,6 +285,7 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
             opt(r["vs_peer"].as_f64(), 1),
         );
     }
+    others_md(&mut s, load);
     let _ = writeln!(s, "\n## Memory (`kvpages bench --memory`)\n");
     let _ = writeln!(
         s,
@@ -321,6 +334,54 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         let _ = writeln!(s);
     }
     s
+}
+
+/// The other `--targets` (engines, durable modes) beside the reference, one table each.
+fn others_md(s: &mut String, load: &Value) {
+    use std::fmt::Write;
+    let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
+    let mut names: Vec<(String, String, String)> = Vec::new();
+    for o in ratios.iter().flat_map(|r| r["others"].as_array().into_iter().flatten()) {
+        let key = (
+            o["target"].as_str().unwrap_or("").to_owned(),
+            o["engine"].as_str().unwrap_or("").to_owned(),
+            o["durability"].as_str().unwrap_or("").to_owned(),
+        );
+        if !names.contains(&key) {
+            names.push(key);
+        }
+    }
+    let opt = |v: &Value| v.as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.2}"));
+    for (target, engine, durability) in names {
+        let _ = writeln!(
+            s,
+            "\n## Engine {engine}, durability {durability} (same run; ÷kvpages: over the reference's req/s)\n"
+        );
+        let _ = writeln!(s, "| workload | conc | req/s | p50 µs | p99 µs | ÷floor | ÷kvpages | runs ÷kvpages |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &ratios {
+            let Some(o) = r["others"].as_array().into_iter().flatten().find(|o| o["target"] == target.as_str()) else {
+                continue;
+            };
+            let runs: Vec<f64> =
+                o["runs_vs_reference"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+            let range = match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
+                (Some(lo), Some(hi)) if runs.len() > 1 => format!("{lo:.2}–{hi:.2}"),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {range} |",
+                r["workload"].as_str().unwrap_or(""),
+                r["concurrency"],
+                o["requests_per_s"].as_f64().unwrap_or(f64::NAN),
+                o["p50_us"].as_f64().unwrap_or(f64::NAN),
+                o["p99_us"].as_f64().unwrap_or(f64::NAN),
+                opt(&o["vs_floor"]),
+                opt(&o["vs_reference"]),
+            );
+        }
+    }
 }
 
 type Plot = std::result::Result<(), Box<dyn std::error::Error>>;
