@@ -44,19 +44,19 @@ pub(super) fn keys_in(cmd: &Command) -> usize {
     }
 }
 
-/// Appends keys as `u16le length ++ text`, the `packed-keys` format.
+/// The `packed-keys` prefix of a 32-hex key sent as its 16 raw bytes (`wit/kvpages.wit`).
+const RAW_HEX: u16 = 0x8000 | 16;
+
+/// Appends keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`]
+/// and its 16 bytes, which the guest takes as they are; any other as `u16le length ++ text`.
 fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for key in keys {
         match key {
-            // The common case (vLLM's and SGLang's keys), written without the formatting machinery.
             Key::Hex(bytes) => {
-                out.extend_from_slice(&32u16.to_le_bytes());
-                for b in bytes {
-                    out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
-                }
+                out.extend_from_slice(&RAW_HEX.to_le_bytes());
+                out.extend_from_slice(bytes);
             }
-            // Keys are at most 1024 bytes (`Key::parse`), far below u16::MAX.
+            // Keys are at most 1024 bytes (`Key::parse`), far below the raw-form bit.
             Key::Text(text) => {
                 out.extend_from_slice(&(text.len() as u16).to_le_bytes());
                 out.extend_from_slice(text.as_bytes());
@@ -65,8 +65,9 @@ fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
     }
 }
 
-fn packed<'a>(keys: impl IntoIterator<Item = &'a Key>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+    // 18 bytes a key in the common case; text keys grow it as needed.
+    let mut out = Vec::with_capacity(keys.len() * 18);
     pack(&mut out, keys);
     out
 }
@@ -162,7 +163,14 @@ fn unpack(bytes: &[u8]) -> Result<Vec<Key>, EngineError> {
     let mut rest = bytes;
     while !rest.is_empty() {
         let [lo, hi, tail @ ..] = rest else { return Err(bad()) };
-        let len = usize::from(u16::from_le_bytes([*lo, *hi]));
+        let prefix = u16::from_le_bytes([*lo, *hi]);
+        if prefix == RAW_HEX {
+            let (raw, after) = tail.split_first_chunk::<16>().ok_or_else(bad)?;
+            keys.push(Key::Hex(*raw));
+            rest = after;
+            continue;
+        }
+        let len = usize::from(prefix);
         let text = tail.get(..len).and_then(|b| std::str::from_utf8(b).ok()).ok_or_else(bad)?;
         keys.push(key(text)?);
         rest = &tail[len..];
@@ -296,7 +304,7 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                 })
                 .map_err(error),
             Command::Allocate { space: sp, rank, keys } => e
-                .call_allocate(s, now, &space(sp), *rank, &packed(keys))?
+                .call_allocate(s, now, &space(sp), *rank, &packed(keys.iter()))?
                 .map(|a| {
                     Reply::Allocated(
                         a.into_iter()
@@ -332,13 +340,13 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                     .map_err(error)
             }
             Command::Exists { space: sp, keys } => {
-                e.call_exists(s, now, &space(sp), &packed(keys))?.map(Reply::Exists).map_err(error)
+                e.call_exists(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Exists).map_err(error)
             }
             Command::Locations { space: sp, rank, keys } => {
-                e.call_locations(s, now, &space(sp), *rank, &packed(keys))?.map(Reply::Locations).map_err(error)
+                e.call_locations(s, now, &space(sp), *rank, &packed(keys.iter()))?.map(Reply::Locations).map_err(error)
             }
             Command::Delete { space: sp, keys } => {
-                e.call_delete(s, now, &space(sp), &packed(keys))?.map(Reply::Deleted).map_err(error)
+                e.call_delete(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Deleted).map_err(error)
             }
             Command::Inspect { space: sp, key: k } => match e.call_inspect(s, now, &space(sp), &k.to_string())? {
                 Ok(None) => Ok(Reply::Key(None)),
@@ -376,14 +384,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packed_keys_are_their_text_with_a_length() {
+    fn packed_keys_are_raw_hex_or_their_text_with_a_length() {
         let keys: Vec<Key> = ["386b2d9cf5aa91ba3a4b42c35396c822", "k", "386B2D9CF5AA91BA3A4B42C35396C822"]
             .map(|k| Key::parse(k).unwrap())
             .into();
-        let bytes = packed(&keys);
-        assert_eq!(&bytes[..2], &[32, 0]);
-        assert_eq!(&bytes[2..34], b"386b2d9cf5aa91ba3a4b42c35396c822");
-        assert_eq!(&bytes[34..37], &[1, 0, b'k']);
+        let bytes = packed(keys.iter());
+        assert_eq!(&bytes[..2], &[0x10, 0x80]);
+        assert_eq!(
+            &bytes[2..18],
+            &[0x38, 0x6b, 0x2d, 0x9c, 0xf5, 0xaa, 0x91, 0xba, 0x3a, 0x4b, 0x42, 0xc3, 0x53, 0x96, 0xc8, 0x22]
+        );
+        assert_eq!(&bytes[18..21], &[1, 0, b'k']);
+        // Upper-case hex is not the canonical form: a text key.
+        assert_eq!(&bytes[21..23], &[32, 0]);
+        assert_eq!(&bytes[23..], b"386B2D9CF5AA91BA3A4B42C35396C822");
         assert_eq!(unpack(&bytes).unwrap(), keys);
+        // The guest's text form of a hex key is the same key.
+        let mut text = vec![32, 0];
+        text.extend_from_slice(b"386b2d9cf5aa91ba3a4b42c35396c822");
+        assert_eq!(unpack(&text).unwrap(), keys[..1]);
+        assert!(unpack(&[0x10, 0x80, 1, 2]).is_err());
     }
 }

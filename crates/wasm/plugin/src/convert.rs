@@ -19,6 +19,22 @@ pub fn pack_key(out: &mut Vec<u8>, key: &str) {
     out.extend_from_slice(key.as_bytes());
 }
 
+/// The prefix of a key sent as its 16 raw bytes (`0x8000 | 16`): a 32-char lowercase hex key,
+/// which needs no parsing (see `packed-keys` in `wit/kvpages.wit`).
+pub const RAW_HEX: u16 = 0x8000 | 16;
+
+/// Appends one key in the shortest form: [`RAW_HEX`] and 16 bytes for a 32-hex key, else its
+/// text (see [`pack_key`]).
+pub fn pack_core_key(out: &mut Vec<u8>, key: &Key) {
+    match key {
+        Key::Hex(bytes) => {
+            out.extend_from_slice(&RAW_HEX.to_le_bytes());
+            out.extend_from_slice(bytes);
+        }
+        Key::Text(text) => pack_key(out, text),
+    }
+}
+
 /// Decodes a packed batch, refusing (never trapping on) anything malformed; `keys[i]` names
 /// the culprit the way the host's JSON errors do.
 pub(crate) fn unpack_keys(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
@@ -28,7 +44,19 @@ pub(crate) fn unpack_keys(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
     while !bytes.is_empty() {
         let i = keys.len();
         let [lo, hi, rest @ ..] = bytes else { return Err(bad(i, "the length prefix is cut off")) };
-        let len = usize::from(u16::from_le_bytes([*lo, *hi]));
+        let prefix = u16::from_le_bytes([*lo, *hi]);
+        if prefix & 0x8000 != 0 {
+            if prefix != RAW_HEX {
+                return Err(bad(i, &alloc::format!("prefix {prefix:#06x}: the only raw form is 0x8010")));
+            }
+            let Some((raw, tail)) = rest.split_first_chunk::<16>() else {
+                return Err(bad(i, &alloc::format!("16 raw bytes announced, {} left", rest.len())));
+            };
+            keys.push(Key::Hex(*raw));
+            bytes = tail;
+            continue;
+        }
+        let len = usize::from(prefix);
         if rest.len() < len {
             return Err(bad(i, &alloc::format!("{len} bytes announced, {} left", rest.len())));
         }
@@ -250,7 +278,7 @@ pub(crate) fn sglang_pool_out(p: &kv::SglangPool) -> wit::SglangPool {
     let mut keys = Vec::new();
     let mut pages = Vec::with_capacity(p.keys.len());
     for (k, page) in &p.keys {
-        pack_key(&mut keys, &k.to_string());
+        pack_core_key(&mut keys, k);
         pages.push(*page);
     }
     wit::SglangPool {

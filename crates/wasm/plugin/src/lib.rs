@@ -252,6 +252,27 @@ mod tests {
     }
 
     #[test]
+    fn raw_hex_keys_are_the_same_keys_as_their_text() {
+        let _serial = TEST_LOCK.lock().unwrap();
+        Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
+        let sp = || wit::Space::Vllm;
+        Plugin::initialize(1, sp(), 0, 8).unwrap();
+        let text = "386b2d9cf5aa91ba3a4b42c35396c822";
+        let key = kvpages_core::Key::parse(text).unwrap();
+        let mut raw = Vec::new();
+        convert::pack_core_key(&mut raw, &key);
+        assert_eq!(raw.len(), 18);
+        assert_eq!(&raw[..2], &[0x10, 0x80]);
+        convert::pack_core_key(&mut raw, &kvpages_core::Key::parse("k2").unwrap());
+        assert_eq!(&raw[18..], &[2, 0, b'k', b'2']);
+        let a = Plugin::allocate(2, sp(), 0, raw.clone()).unwrap();
+        assert_eq!((a[0].page, a[1].page), (Some(0), Some(1)));
+        Plugin::confirm(3, sp(), 0, packed(&[text, "k2"]), alloc::vec![0, 1], alloc::vec![]).unwrap();
+        assert_eq!(Plugin::exists(4, sp(), packed(&[text])).unwrap(), alloc::vec![true]);
+        assert_eq!(Plugin::locations(5, sp(), 0, raw).unwrap(), alloc::vec![Some(0), Some(1)]);
+    }
+
+    #[test]
     fn malformed_arguments_are_refused_not_trapped() {
         let _serial = TEST_LOCK.lock().unwrap();
         Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
@@ -262,6 +283,8 @@ mod tests {
             (alloc::vec![3, 0, b'a'], "keys[0]: 3 bytes announced, 1 left"),
             (alloc::vec![0, 0], "keys[0]: key is empty"),
             (alloc::vec![1, 0, 0xff], "keys[0]: the key is not UTF-8"),
+            (alloc::vec![0x10, 0x80, 1, 2], "keys[0]: 16 raw bytes announced, 2 left"),
+            (alloc::vec![0x11, 0x80, 1], "keys[0]: prefix 0x8011: the only raw form is 0x8010"),
         ] {
             assert_eq!(Plugin::exists(2, sp(), bytes).unwrap_err(), wit::Error::InvalidInput(why.into()));
         }
