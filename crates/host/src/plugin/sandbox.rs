@@ -156,6 +156,10 @@ fn engine() -> &'static Engine {
         config.epoch_interruption(true);
         config.wasm_component_model(true);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        // For `perf record`: name the plugin's compiled functions in /tmp/perf-PID.map.
+        if std::env::var_os("KVPAGES_PLUGIN_PERFMAP").is_some_and(|v| v == "1") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).expect("the sandbox's wasmtime configuration is valid");
         let ticker = engine.clone();
         std::thread::Builder::new()
