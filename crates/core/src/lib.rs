@@ -17,12 +17,19 @@
 //!   versioned, deterministic bytes.
 //! - `state/view`: [`Core::page_map`] / [`Core::page_view`], read-only page views for viewers
 //!   (the browser simulator's page map).
+//! - [`wire`] (feature `wire`, needs std): the HTTP API's JSON — a request's method, path and
+//!   body into a [`Command`], the [`Reply`] or [`Error`] into the exact answer bytes, and the
+//!   error catalogue. The host and the browser simulator share it; the rules above never see
+//!   JSON.
 //!
 //! Every command costs O(batch): nothing scans or copies a free list or the key table.
 #![no_std]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 extern crate alloc;
+// For `wire` (which needs std); the rest of the crate uses core and alloc only.
+#[cfg(feature = "wire")]
+extern crate std;
 
 pub mod command;
 pub mod error;
@@ -30,6 +37,8 @@ pub mod key;
 mod keys;
 mod pool;
 mod state;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 pub use command::{
     Allocation, Command, ConfirmReport, Counters, Eviction, IgnoredRelease, InitOutcome, KeyInfo, Millis, RankStats,

@@ -136,7 +136,7 @@ impl Forwarder {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let detail = format!("{} ({}: {why})", ErrorCode::UpstreamUnavailable.template(), self.target);
         let body = serde_json::to_vec(&serde_json::json!({ "detail": detail })).expect("a string serializes");
-        let status = ErrorCode::UpstreamUnavailable.status();
+        let status = crate::api::status_of(ErrorCode::UpstreamUnavailable);
         let head = format!(
             "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             status.as_u16(),

@@ -4,10 +4,12 @@
 //! - [`cli`]: the `kvpages` command line (flags, `KVPAGES_*` environment variables, logging).
 //! - [`server`]: builds the router, the per-request guard (time bound, request log) and runs it.
 //! - [`engine`]: the small interface the server drives, and the native engine behind it.
-//! - [`api`]: the error catalogue (status + `detail` of every error the server can answer) and
-//!   JSON responses.
-//! - `wire`: strict JSON decoding (integers in u32 range, no duplicate members, exact pairs).
-//! - `routes::vllm`: vLLM's six routes: request bodies → [`kvpages_core::Command`] → replies.
+//! - [`api`]: the host's own error answers (from the core's catalogue, `kvpages_core::wire::ErrorCode`)
+//!   and JSON responses.
+//! - `routes`: every route of `kvpages_core::wire` (vLLM's, SGLang's, `/stats`, key inspection)
+//!   through one handler: body → `wire::parse` → [`kvpages_core::Command`] → engine →
+//!   `Pending::answer`; plus `/health`, SGLang's persistence file import and export.
+//! - `wire`: re-exports of the core's strict JSON decoding for the host's own formats.
 //! - [`bench`]: `kvpages bench`, the load generator (and its transport-only floor route).
 //! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.

@@ -10,15 +10,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{Method, header};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
+use kvpages_core::wire;
 use kvpages_core::{Command, Millis, Reply, Settings};
 use tokio::net::TcpListener;
 
-use crate::api::{ApiError, ErrorCode};
+use crate::api::{ApiError, ErrorCode, answer_response};
 use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
 use crate::plugin::{PluginEngine, Sandbox};
-use crate::routes::{admin, sglang, vllm};
+use crate::routes::{admin, get_route, post_route};
 
 /// Everything `kvpages serve` needs to know.
 #[derive(Clone, Debug)]
@@ -441,21 +442,23 @@ pub fn build(config: ServeConfig, engine: Box<dyn Engine>) -> Result<(Router, Ha
     }
     Ok((
         routes
-            .route("/rank/{rank}/initialize", post(vllm::initialize))
-            .route("/keys/batch_allocate", post(vllm::batch_allocate))
-            .route("/keys/confirm_write", post(vllm::confirm_write))
-            .route("/keys/batch_exists", post(vllm::batch_exists))
-            .route("/keys/get_locations", post(vllm::get_locations))
-            .route("/clear", post(vllm::clear))
-            .route("/keys/delete", post(vllm::delete))
+            // The routes of `kvpages_core::wire` (the browser simulator's too): vLLM's, SGLang's,
+            // `/stats` and key inspection.
+            .route("/rank/{rank}/initialize", post_route("initialize"))
+            .route("/keys/batch_allocate", post_route("batch_allocate"))
+            .route("/keys/confirm_write", post_route("confirm_write"))
+            .route("/keys/batch_exists", post_route("batch_exists"))
+            .route("/keys/get_locations", post_route("get_locations"))
+            .route("/clear", post_route("clear"))
+            .route("/keys/delete", post_route("delete"))
             .route("/health", get(admin::health))
             .route("/stats", get(admin::stats))
             .route("/metrics", get(crate::metrics::handler))
-            .route("/admin/keys/{key}", get(admin::inspect))
+            .route("/admin/keys/{key}", get_route("inspect"))
             .route("/admin/import/sglang", post(admin::import_sglang))
             .route("/admin/export/sglang", get(admin::export_sglang))
             // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
-            .route("/{rank}/{op}", post(sglang::route))
+            .route("/{rank}/{op}", post_route("sglang"))
             .merge(crate::simulator::routes())
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
@@ -481,22 +484,13 @@ async fn guard(req: Request, next: Next) -> Response {
 }
 
 async fn not_found(method: Method, req: Request<Body>) -> Response {
-    ApiError::because(ErrorCode::RouteNotFound, format_args!("no route {method} {}", req.uri().path())).into_response()
+    answer_response(wire::not_found(method.as_str(), req.uri().path()))
 }
 
 async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
     let path = req.uri().path();
-    let allowed = if path == "/health" || path == "/stats" || path == "/metrics" || path.starts_with("/admin/") {
-        "GET"
-    } else {
-        "POST"
-    };
-    let mut resp = ApiError::because(
-        ErrorCode::MethodNotAllowed,
-        format_args!("{} accepts {allowed}, not {method}", req.uri().path()),
-    )
-    .into_response();
-    resp.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(allowed));
+    let mut resp = answer_response(wire::method_not_allowed(method.as_str(), path));
+    resp.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(wire::allowed_method(path)));
     resp
 }
 

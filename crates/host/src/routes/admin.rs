@@ -1,23 +1,18 @@
-//! The operator's routes: `GET /health`, `GET /stats`, `GET /admin/keys/{key}`.
+//! The operator's routes: `GET /health`, `GET /stats`, SGLang's file import and export.
+//! (`GET /admin/keys/{key}` is a wire route, see `routes::serve`.)
 
 use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use kvpages_core::{Command, Counters, Eviction, Key, Reply, Space, Stats};
+use kvpages_core::wire::{self, HostInfo, Parsed};
+use kvpages_core::{Command, Reply, Space, Stats};
 use serde::Serialize;
 
-use super::{Ctx, KeyText, fault, handle_async, handle_limited, unexpected};
-use crate::api::{ApiError, ErrorCode, json_ok};
+use super::{Ctx, fault, handle_async, handle_limited, unexpected};
+use crate::api::{ApiError, ErrorCode, answer_response, json_ok};
+use crate::engine::EngineError;
 use crate::server::App;
-
-/// How `/stats` names a space: the family, and for SGLang the rank and namespace.
-fn space_name(space: &Space) -> (&'static str, Option<u32>, Option<&str>) {
-    match space {
-        Space::Vllm => ("vllm", None, None),
-        Space::Sglang { rank, namespace } => ("sglang", Some(*rank), Some(namespace)),
-    }
-}
 
 async fn stats_now(app: &App) -> Result<Box<Stats>, ApiError> {
     let deadline = Instant::now() + app.config.request_timeout;
@@ -96,157 +91,23 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
     })
 }
 
-/// `GET /stats`: every space's pages by state per rank, keys, and event counters.
+/// `GET /stats`: every space's pages by state per rank, keys, and event counters (encoded by
+/// `kvpages_core::wire`, with the engine, its traps and the uptime added). The body is not read.
 pub(crate) async fn stats(State(app): State<App>) -> Response {
-    #[derive(Serialize)]
-    struct SettingsOut {
-        reservation_ttl_seconds: f64,
-        read_lease_seconds: f64,
-        quarantine_seconds: f64,
-        eviction: &'static str,
-        evict_high: f64,
-        evict_low: f64,
-        world_size: Option<u32>,
-    }
-    #[derive(Serialize)]
-    struct RankOut {
-        rank: u32,
-        num_pages: u32,
-        free: u32,
-        reserved: u32,
-        committed: u32,
-        leased: u32,
-        quarantined: u32,
-    }
-    #[derive(Serialize)]
-    struct SpaceOut<'a> {
-        space: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        rank: Option<u32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        namespace: Option<&'a str>,
-        keys: u64,
-        pending_keys: u64,
-        world_size: u32,
-        ranks: Vec<RankOut>,
-        counters: Counters,
-    }
-    #[derive(Serialize)]
-    struct StatsOut<'a> {
-        engine: String,
-        /// Wasm plugin traps contained since start-up (each failed one request with 503).
-        engine_traps: u64,
-        uptime_seconds: f64,
-        settings: SettingsOut,
-        spaces: Vec<SpaceOut<'a>>,
-    }
-    let stats = match stats_now(&app).await {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
+    let Parsed::Apply(pending) = wire::parse("GET", "/stats", b"") else { unreachable!("/stats is a wire route") };
+    let deadline = Instant::now() + app.config.request_timeout;
+    let result = match app.apply(pending.command(), deadline).await {
+        Ok(reply) => Ok(reply),
+        Err(EngineError::Domain(e)) => Err(e),
+        Err(e) => return fault(e).into_response(),
     };
-    let st = &stats.settings;
-    let secs = |ms: u64| ms as f64 / 1000.0;
-    let engine_traps = app.engine_traps().await;
-    json_ok(&StatsOut {
-        engine: app.kind.to_string(),
-        engine_traps,
+    let engine = app.kind.to_string();
+    let host = HostInfo {
+        engine: &engine,
+        engine_traps: app.engine_traps().await,
         uptime_seconds: app.started.elapsed().as_secs_f64(),
-        settings: SettingsOut {
-            reservation_ttl_seconds: secs(st.reservation_ttl),
-            read_lease_seconds: secs(st.read_lease),
-            quarantine_seconds: secs(st.quarantine),
-            eviction: match st.eviction {
-                Eviction::Lru => "lru",
-                Eviction::Off => "off",
-            },
-            evict_high: f64::from(st.evict_high_permille) / 1000.0,
-            evict_low: f64::from(st.evict_low_permille) / 1000.0,
-            world_size: st.world_size,
-        },
-        spaces: stats
-            .spaces
-            .iter()
-            .map(|s| SpaceOut {
-                space: space_name(&s.space).0,
-                rank: space_name(&s.space).1,
-                namespace: space_name(&s.space).2,
-                keys: s.keys,
-                pending_keys: s.pending_keys,
-                world_size: s.world_size,
-                ranks: s
-                    .ranks
-                    .iter()
-                    .map(|r| RankOut {
-                        rank: r.rank,
-                        num_pages: r.num_pages,
-                        free: r.pages.free,
-                        reserved: r.pages.reserved,
-                        committed: r.pages.committed,
-                        leased: r.pages.leased,
-                        quarantined: r.pages.quarantined,
-                    })
-                    .collect(),
-                counters: s.counters,
-            })
-            .collect(),
-    })
-}
-
-/// Decodes `%XX` escapes of a path segment; `None` if an escape is malformed or the result is
-/// not UTF-8.
-fn percent_decode(seg: &str) -> Option<String> {
-    let b = seg.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = seg.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// `GET /admin/keys/{key}`: one key's pages per rank and its state.
-pub(crate) async fn inspect(State(app): State<App>, req: Request) -> Response {
-    #[derive(Serialize)]
-    struct PageOut {
-        rank: u32,
-        page: u32,
-    }
-    #[derive(Serialize)]
-    struct KeyOut<'a> {
-        key: KeyText<'a>,
-        complete: bool,
-        pages: Vec<PageOut>,
-        reservations: u32,
-        lease_remaining_seconds: f64,
-        evictable: bool,
-    }
-    handle_async(app, "inspect", req, async |cx: Ctx<'_>| {
-        let raw = cx.path.strip_prefix("/admin/keys/").unwrap_or("");
-        let text = percent_decode(raw)
-            .ok_or_else(|| ApiError::because(ErrorCode::KeyInvalid, "the path is not valid percent-encoded UTF-8"))?;
-        let key = Key::parse(&text).map_err(|e| ApiError::because(ErrorCode::KeyInvalid, e))?;
-        let info = match cx.apply(&Command::Inspect { space: Space::Vllm, key: key.clone() }).await.map_err(fault)? {
-            Reply::Key(Some(info)) => info,
-            Reply::Key(None) => return Err(ApiError::because(ErrorCode::KeyNotFound, format_args!("{text:?}"))),
-            other => return Err(unexpected(&other)),
-        };
-        Ok(json_ok(&KeyOut {
-            key: KeyText(&info.key),
-            complete: info.complete,
-            pages: info.pages.iter().map(|&(rank, page)| PageOut { rank, page }).collect(),
-            reservations: info.reservations,
-            lease_remaining_seconds: info.lease_remaining as f64 / 1000.0,
-            evictable: info.evictable,
-        }))
-    })
-    .await
+    };
+    answer_response(pending.answer_with(result, &host))
 }
 
 /// The largest SGLang persistence file `/admin/import/sglang` takes (10^6 keys are ~50 MB).

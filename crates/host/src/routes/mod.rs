@@ -1,15 +1,19 @@
-//! Route families. Each turns wire requests into core commands and replies back into its wire
-//! format; the shared plumbing (reading the body, logging rejections) lives here.
+//! The routes. vLLM's and SGLang's data routes, `/stats` and `/admin/keys/{key}` go through
+//! `kvpages_core::wire` ([`serve`]): the request becomes a command, the engine applies it, the
+//! wire module encodes the answer. The host adds what is its own: the body limits and deadline,
+//! engine faults (503), log lines. The shared plumbing (reading the body, logging rejections)
+//! lives here.
 
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use kvpages_core::{Command, Key, Refusal, Refused, Reply};
-use serde::Serialize;
+use axum::routing::{MethodRouter, get, post};
+use kvpages_core::wire::{self, Answer, Parsed};
+use kvpages_core::{Command, Reply};
 
-use crate::api::{ApiError, ErrorCode};
+use crate::api::{ApiError, ErrorCode, answer_response, status_of};
 use crate::engine::EngineError;
 use crate::server::App;
 
@@ -79,16 +83,71 @@ pub(crate) async fn handle(
     handle_async(app, route, req, async move |cx: Ctx<'_>| f(cx.app, cx.path, cx.body)).await
 }
 
+/// `POST path` answered by the wire module, `route` naming it in logs.
+pub(crate) fn post_route(route: &'static str) -> MethodRouter<App> {
+    post(move |State(app): State<App>, req: Request| serve(app, route, req))
+}
+
+/// `GET path` answered by the wire module, `route` naming it in logs.
+pub(crate) fn get_route(route: &'static str) -> MethodRouter<App> {
+    get(move |State(app): State<App>, req: Request| serve(app, route, req))
+}
+
+/// A route of `kvpages_core::wire`: reads the body (bounded by `--max-body` and the request's
+/// deadline), parses it into a command, applies it, answers. Engine faults are the host's 503s;
+/// every error answer is logged with a body preview.
+pub(crate) async fn serve(app: App, route: &'static str, req: Request) -> Response {
+    let deadline = Instant::now() + app.config.request_timeout;
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let body = match app.body(req, app.config.max_body, deadline).await {
+        Ok(b) => b,
+        Err(e) => return rejected(route, &Bytes::new(), e),
+    };
+    let answer = match wire::parse(method.as_str(), &path, &body) {
+        Parsed::Answer(answer) => answer,
+        Parsed::Apply(pending) => {
+            debug_assert_eq!(pending.route(), route, "the router and the wire module agree on routes");
+            match app.apply(pending.command(), deadline).await {
+                Ok(reply) => {
+                    vllm::log_applied(pending.command(), &reply);
+                    pending.answer(Ok(reply))
+                }
+                Err(EngineError::Domain(e)) => pending.answer(Err(e)),
+                Err(e) => return rejected(route, &body, fault(e)),
+            }
+        }
+        Parsed::Host(template) => {
+            let why = format_args!("{template} is the server's own route, not the wire module's");
+            return rejected(route, &body, ApiError::because(ErrorCode::EngineFault, why));
+        }
+    };
+    answered(route, &body, answer)
+}
+
+/// Sends a wire answer, logging it like [`rejected`] when it is an error.
+fn answered(route: &str, body: &[u8], answer: Answer) -> Response {
+    if let Some(code) = answer.code {
+        log_rejected(route, body, code, &answer.detail().unwrap_or_default());
+    }
+    answer_response(answer)
+}
+
 fn rejected(route: &str, body: &[u8], e: ApiError) -> Response {
+    log_rejected(route, body, e.code, &e.detail);
+    e.into_response()
+}
+
+fn log_rejected(route: &str, body: &[u8], code: ErrorCode, detail: &str) {
     let cut = body.len().min(PREVIEW_BYTES);
     let preview = String::from_utf8_lossy(&body[..cut]);
     let more = if body.len() > cut { "…" } else { "" };
-    if e.code.status().is_server_error() {
-        tracing::error!(route, status = e.code.status().as_u16(), detail = %e.detail, body = %format_args!("{preview}{more}"), "request failed");
+    let status = status_of(code);
+    if status.is_server_error() {
+        tracing::error!(route, status = status.as_u16(), detail = %detail, body = %format_args!("{preview}{more}"), "request failed");
     } else {
-        tracing::warn!(route, status = e.code.status().as_u16(), detail = %e.detail, body = %format_args!("{preview}{more}"), "request rejected");
+        tracing::warn!(route, status = status.as_u16(), detail = %detail, body = %format_args!("{preview}{more}"), "request rejected");
     }
-    e.into_response()
 }
 
 /// An engine fault or a busy engine: 503, never the client's fault.
@@ -121,33 +180,5 @@ pub(crate) fn unexpected(reply: &Reply) -> ApiError {
     ApiError::because(ErrorCode::EngineFault, format_args!("unexpected reply {reply:?}"))
 }
 
-/// A key serialized as the exact text the client sent.
-pub(crate) struct KeyText<'a>(pub(crate) &'a Key);
-
-impl Serialize for KeyText<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self.0)
-    }
-}
-
-/// 409: every confirmation of a request was refused; `field` is the request's member name.
-pub(crate) fn nothing_confirmed(refused: &[Refused], field: &str, confirmations: &[(Key, u32)]) -> ApiError {
-    const SHOWN: usize = 16;
-    let mut parts: Vec<String> = refused
-        .iter()
-        .take(SHOWN)
-        .map(|r| {
-            let key = confirmations.get(r.index as usize).map(|c| c.0.to_string()).unwrap_or_default();
-            let why = match r.reason {
-                Refusal::NotReserved => "page is not reserved (never allocated, released, or expired)",
-                Refusal::ReservedForAnotherKey => "page is reserved for another key",
-                Refusal::CommittedToAnotherKey => "page holds another key",
-            };
-            format!("{field}[{}] [{key:?}, {}]: {why}", r.index, r.page)
-        })
-        .collect();
-    if refused.len() > SHOWN {
-        parts.push(format!("and {} more", refused.len() - SHOWN));
-    }
-    ApiError::because(ErrorCode::NothingConfirmed, parts.join("; "))
-}
+/// A key serialized as the exact text the client sent (SGLang's persistence file uses it).
+pub(crate) use kvpages_core::wire::json::KeyText;

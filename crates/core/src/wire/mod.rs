@@ -1,0 +1,292 @@
+//! The HTTP API as data (feature `wire`): a request's method, path and body in, a [`Command`]
+//! for the core, and the exact status and bytes of the answer out.
+//!
+//! The server (`kvpages-host`) and the browser simulator both go through here, so they accept
+//! exactly the same requests, by the same rules, with the same answers. The state machine itself
+//! never sees JSON: [`parse`] builds a typed [`Command`], the caller applies it (through an
+//! engine, under a lock, with a log), and [`Pending::answer`] encodes the [`Reply`] or [`Error`].
+//!
+//! ```
+//! use kvpages_core::{Core, Settings, wire};
+//!
+//! let mut core = Core::new(7, Settings::default());
+//! let wire::Parsed::Apply(p) = wire::parse("POST", "/rank/0/initialize", br#"{"num_pages": 8}"#) else {
+//!     unreachable!("a valid request");
+//! };
+//! let result = core.apply(0, p.command());
+//! let answer = p.answer(result);
+//! assert_eq!((answer.status, &answer.body[..]), (200, &br#"{"message":"Rank 0 initialized with 8 pages"}"#[..]));
+//! ```
+//!
+//! What stays the host's: body limits and timeouts, access control, engine faults (busy,
+//! recovering, storage, plugin traps — their codes are in the one catalogue, [`ErrorCode`]),
+//! metrics, logging, `/health`, `/metrics` and SGLang's persistence file.
+//!
+//! # Layout
+//! - [`json`]: strict JSON decoding (no duplicate members, u32 integers, exact pairs).
+//! - `errors`: [`ErrorCode`], the catalogue (status + `detail` template), and [`Failure`].
+//! - `vllm`: vLLM's seven routes; `sglang`: SGLang's `POST /{rank}/{op}`; `admin`: `/stats`
+//!   and `/admin/keys/{key}`.
+
+use std::format;
+use std::string::{String, ToString};
+use std::vec::Vec;
+
+use serde::Serialize;
+
+use crate::command::{Command, Refusal, Refused, Reply};
+use crate::error::Error;
+use crate::key::Key;
+
+mod admin;
+mod errors;
+pub mod json;
+mod sglang;
+mod vllm;
+
+pub use errors::{ErrorCode, Failure};
+pub use sglang::MAX_NAMESPACE_LEN;
+
+/// A complete answer: status, body and, for an error, its code.
+///
+/// The body is JSON (`application/json`), or empty for a 204.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The exact bytes to send.
+    pub body: Vec<u8>,
+    /// Which error, when it is one (`{"detail": ...}`).
+    pub code: Option<ErrorCode>,
+}
+
+impl Answer {
+    /// `value` as a compact JSON body with status 200.
+    fn json<T: Serialize>(value: &T) -> Answer {
+        match serde_json::to_vec(value) {
+            Ok(body) => Answer { status: 200, body, code: None },
+            Err(e) => {
+                Failure::because(ErrorCode::EngineFault, format_args!("reply could not be encoded: {e}")).answer()
+            }
+        }
+    }
+
+    /// 204 with an empty body.
+    fn no_content() -> Answer {
+        Answer { status: 204, body: Vec::new(), code: None }
+    }
+
+    /// An error answer's `detail` text (decoded from the body; for logs and tests).
+    pub fn detail(&self) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            detail: String,
+        }
+        self.code?;
+        serde_json::from_slice::<Body>(&self.body).ok().map(|b| b.detail)
+    }
+}
+
+/// What [`parse`] made of a request.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Answered without the engine: a malformed request (400), no such route (404), another
+    /// method (405), or a vLLM scheduler's initialize (200).
+    Answer(Answer),
+    /// A command to apply; [`Pending::answer`] turns its result into the answer.
+    Apply(Pending),
+    /// A route the HTTP server serves from its own state, not a command of the core (the
+    /// route template: `/health`, `/metrics`, `/admin/import/sglang`, `/admin/export/sglang`,
+    /// the simulator's own files `/simulator`, `/simulator/`, `/simulator/{*path}`).
+    /// The server's router takes these before it calls [`parse`]; a simulator answers them
+    /// its own way.
+    Host(&'static str),
+}
+
+/// A parsed request waiting for the core's result.
+#[derive(Debug)]
+pub struct Pending {
+    route: &'static str,
+    shape: Shape,
+    command: Command,
+}
+
+/// How the result of a pending command is encoded: the route family's JSON.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Vllm(vllm::Route),
+    Sglang(sglang::Op),
+    Stats,
+    Inspect,
+}
+
+/// Facts only the host knows, shown by `/stats`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostInfo<'a> {
+    /// Which engine runs the core (`wasm`, `native`, ...).
+    pub engine: &'a str,
+    /// Engine faults contained since start-up (wasm plugin traps).
+    pub engine_traps: u64,
+    /// Seconds since start-up.
+    pub uptime_seconds: f64,
+}
+
+impl Default for HostInfo<'_> {
+    /// The core applied directly: engine `core`, no traps, no uptime.
+    fn default() -> Self {
+        HostInfo { engine: "core", engine_traps: 0, uptime_seconds: 0.0 }
+    }
+}
+
+impl Pending {
+    /// The command to apply.
+    pub fn command(&self) -> &Command {
+        &self.command
+    }
+
+    /// The route's name, as the host's logs use it: `initialize`, `batch_allocate`,
+    /// `confirm_write`, `batch_exists`, `get_locations`, `clear`, `delete`, `sglang`, `stats`,
+    /// `inspect`.
+    pub fn route(&self) -> &'static str {
+        self.route
+    }
+
+    /// The answer to the command's result: the reply in the route family's JSON, or a refusal
+    /// as its status and `{"detail": ...}`. `/stats` shows [`HostInfo::default`].
+    pub fn answer(self, result: Result<Reply, Error>) -> Answer {
+        self.answer_with(result, &HostInfo::default())
+    }
+
+    /// [`Pending::answer`] with the host's facts for `/stats`.
+    pub fn answer_with(self, result: Result<Reply, Error>, host: &HostInfo<'_>) -> Answer {
+        let answered = match self.shape {
+            Shape::Vllm(route) => vllm::answer(route, self.command, result),
+            Shape::Sglang(op) => sglang::answer(op, self.command, result),
+            Shape::Stats => admin::stats(result, host),
+            Shape::Inspect => admin::inspect(self.command, result),
+        };
+        answered.unwrap_or_else(Failure::answer)
+    }
+}
+
+/// What a path names, and the method it takes.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    Vllm(vllm::Route),
+    Sglang,
+    Stats,
+    Inspect,
+    Host(&'static str),
+}
+
+/// The route table, matched as the server's router (axum) matches it: static paths first, then
+/// `/rank/{rank}/initialize`, `/admin/keys/{key}` and SGLang's `/{rank}/{op}`, each parameter
+/// one segment, empty only when it is not the last (`/rank//initialize` is a bad rank, `/0/` no
+/// route).
+fn route_of(path: &str) -> Option<(Route, &'static str)> {
+    use vllm::Route as V;
+    let found = match path {
+        "/keys/batch_allocate" => (Route::Vllm(V::Allocate), "POST"),
+        "/keys/confirm_write" => (Route::Vllm(V::Confirm), "POST"),
+        "/keys/batch_exists" => (Route::Vllm(V::Exists), "POST"),
+        "/keys/get_locations" => (Route::Vllm(V::Locations), "POST"),
+        "/keys/delete" => (Route::Vllm(V::Delete), "POST"),
+        "/clear" => (Route::Vllm(V::Clear), "POST"),
+        "/stats" => (Route::Stats, "GET"),
+        "/health" => (Route::Host("/health"), "GET"),
+        "/metrics" => (Route::Host("/metrics"), "GET"),
+        "/admin/import/sglang" => (Route::Host("/admin/import/sglang"), "POST"),
+        "/admin/export/sglang" => (Route::Host("/admin/export/sglang"), "GET"),
+        "/simulator" => (Route::Host("/simulator"), "GET"),
+        "/simulator/" => (Route::Host("/simulator/"), "GET"),
+        p if p.starts_with("/simulator/") => (Route::Host("/simulator/{*path}"), "GET"),
+        _ => {
+            let mut it = path.strip_prefix('/')?.split('/');
+            let segments = [it.next(), it.next(), it.next(), it.next()];
+            // Like the router: a parameter may be empty, except in the last segment.
+            if segments.iter().flatten().last().is_none_or(|s| s.is_empty()) {
+                return None;
+            }
+            match segments {
+                [Some("rank"), Some(_), Some("initialize"), None] => (Route::Vllm(V::Initialize), "POST"),
+                [Some("admin"), Some("keys"), Some(_), None] => (Route::Inspect, "GET"),
+                [Some(_), Some(_), None, None] => (Route::Sglang, "POST"),
+                _ => return None,
+            }
+        }
+    };
+    Some(found)
+}
+
+/// Turns a request into a command to apply, or answers it. `path` is the request target's path
+/// without the query string, as sent (percent escapes are not decoded).
+pub fn parse(method: &str, path: &str, body: &[u8]) -> Parsed {
+    let Some((route, wants)) = route_of(path) else { return Parsed::Answer(not_found(method, path)) };
+    if method != wants && !(wants == "GET" && method == "HEAD") {
+        return Parsed::Answer(method_not_allowed(method, path));
+    }
+    let parsed = match route {
+        Route::Vllm(r) => vllm::parse(r, path, body),
+        Route::Sglang => sglang::parse(path, body),
+        Route::Stats => Ok(apply("stats", Shape::Stats, Command::Stats)),
+        Route::Inspect => admin::parse_inspect(path),
+        Route::Host(template) => Ok(Parsed::Host(template)),
+    };
+    parsed.unwrap_or_else(|f| Parsed::Answer(f.answer()))
+}
+
+fn apply(route: &'static str, shape: Shape, command: Command) -> Parsed {
+    Parsed::Apply(Pending { route, shape, command })
+}
+
+/// 404 for a path no route has.
+pub fn not_found(method: &str, path: &str) -> Answer {
+    Failure::because(ErrorCode::RouteNotFound, format_args!("no route {method} {path}")).answer()
+}
+
+/// The method the routes under `path` take, for a 405's `Allow` header.
+pub fn allowed_method(path: &str) -> &'static str {
+    let get = ["/health", "/stats", "/metrics", "/simulator"].contains(&path)
+        || path.starts_with("/admin/")
+        || path.starts_with("/simulator/");
+    if get { "GET" } else { "POST" }
+}
+
+/// 405 for a path whose route takes another method (the host adds `Allow:`
+/// [`allowed_method`]).
+pub fn method_not_allowed(method: &str, path: &str) -> Answer {
+    let allowed = allowed_method(path);
+    Failure::because(ErrorCode::MethodNotAllowed, format_args!("{path} accepts {allowed}, not {method}")).answer()
+}
+
+/// The engine answered a command with the wrong kind of reply.
+fn unexpected(reply: &Reply) -> Failure {
+    Failure::because(ErrorCode::EngineFault, format_args!("unexpected reply {reply:?}"))
+}
+
+/// The core refused a command the route never expects a refusal of.
+fn unexpected_refusal(e: &Error) -> Failure {
+    Failure::because(ErrorCode::EngineFault, format_args!("unexpected refusal: {e}"))
+}
+
+/// 409: every confirmation of a request was refused; `field` is the request's member name.
+fn nothing_confirmed(refused: &[Refused], field: &str, confirmations: &[(Key, u32)]) -> Failure {
+    const SHOWN: usize = 16;
+    let mut parts: Vec<String> = refused
+        .iter()
+        .take(SHOWN)
+        .map(|r| {
+            let key = confirmations.get(r.index as usize).map(|c| c.0.to_string()).unwrap_or_default();
+            let why = match r.reason {
+                Refusal::NotReserved => "page is not reserved (never allocated, released, or expired)",
+                Refusal::ReservedForAnotherKey => "page is reserved for another key",
+                Refusal::CommittedToAnotherKey => "page holds another key",
+            };
+            format!("{field}[{}] [{key:?}, {}]: {why}", r.index, r.page)
+        })
+        .collect();
+    if refused.len() > SHOWN {
+        parts.push(format!("and {} more", refused.len() - SHOWN));
+    }
+    Failure::because(ErrorCode::NothingConfirmed, parts.join("; "))
+}

@@ -1,0 +1,165 @@
+//! The server and `kvpages_core::wire` driven by hand (as the browser simulator drives it) give
+//! the same answers: the same requests go to a real server over HTTP and through `wire::parse` +
+//! `Core::apply` + `Pending::answer`, and status, body bytes and headers must agree — for valid
+//! requests of every route, malformed ones, and paths and methods the router does not take.
+
+mod common;
+
+use common::{Resp, SEED, Server, peer_settings};
+use kvpages_core::wire::{self, HostInfo, Parsed};
+use kvpages_core::{Core, Settings};
+use kvpages_host::engine::EngineKind;
+use kvpages_host::server::ServeConfig;
+
+/// No read leases, so `/admin/keys/{key}` shows no time-dependent figure.
+fn settings() -> Settings {
+    Settings { read_lease: 0, ..peer_settings() }
+}
+
+/// The simulator's side: a core, applied at a fixed time (reservations last 60 s, far longer
+/// than the test).
+struct Sim(Core);
+
+impl Sim {
+    /// `None` for the server's own routes.
+    fn answer(&mut self, method: &str, path: &str, body: &[u8], uptime: f64) -> Option<wire::Answer> {
+        match wire::parse(method, path, body) {
+            Parsed::Answer(a) => Some(a),
+            Parsed::Apply(p) => {
+                let result = self.0.apply(0, p.command());
+                let host = HostInfo { engine: "native", engine_traps: 0, uptime_seconds: uptime };
+                Some(p.answer_with(result, &host))
+            }
+            Parsed::Host(_) => None,
+        }
+    }
+}
+
+/// Sends one request both ways and compares; false for the server's own routes (not compared).
+fn check(server: &Server, sim: &mut Sim, method: &str, path: &str, body: &str) -> bool {
+    let resp: Resp = server.request(method, path, body.as_bytes());
+    let label = format!("{method} {path} {body}");
+    // `/stats` carries the server's uptime; the simulator is told the same.
+    let uptime = if path == "/stats" && resp.status == 200 && method == "GET" {
+        resp.json()["uptime_seconds"].as_f64().expect("uptime")
+    } else {
+        0.0
+    };
+    let Some(want) = sim.answer(method, path, body.as_bytes(), uptime) else {
+        return false;
+    };
+    assert_eq!(resp.status, want.status, "{label}: {resp:?}");
+    if method == "HEAD" {
+        assert!(resp.body.is_empty(), "{label}");
+    } else {
+        assert_eq!(resp.text(), String::from_utf8_lossy(&want.body), "{label}");
+    }
+    let content_type = if want.status == 204 { None } else { Some("application/json") };
+    assert_eq!(resp.content_type.as_deref(), content_type, "{label}");
+    let allow = (want.status == 405).then(|| wire::allowed_method(path));
+    assert_eq!(resp.header("allow"), allow, "{label}");
+    true
+}
+
+#[test]
+fn the_server_answers_as_the_wire_module_does() {
+    let server =
+        Server::start(ServeConfig { engine: EngineKind::Native, settings: settings(), ..ServeConfig::default() });
+    let mut sim = Sim(Core::new(SEED, settings()));
+    let scenario: &[(&str, &str, &str)] = &[
+        ("POST", "/rank/0/initialize", r#"{"num_pages":4}"#),
+        ("POST", "/rank/1/initialize", r#"{"num_pages":4,"role":"worker"}"#),
+        ("POST", "/rank/2/initialize", r#"{"role":"scheduler"}"#),
+        ("POST", "/keys/batch_allocate", r#"{"rank":0,"keys":[["a",""],["b",""],["a",""]]}"#),
+        ("POST", "/keys/batch_allocate", r#"{"rank":1,"keys":[["a",""]]}"#),
+        ("POST", "/keys/confirm_write", r#"{"rank":0,"confirmations":[["a",0]],"pages_to_release":[1]}"#),
+        ("POST", "/keys/confirm_write", r#"{"rank":1,"confirmations":[["a",0]]}"#),
+        ("POST", "/keys/confirm_write", r#"{"rank":1,"confirmations":[["zz",3]]}"#),
+        ("POST", "/keys/confirm_write", r#"{"rank":1,"confirmations":[["zz",9]]}"#),
+        ("POST", "/keys/batch_exists", r#"{"keys":["a","b"]}"#),
+        ("POST", "/keys/get_locations", r#"{"rank":1,"keys":["a","b"]}"#),
+        ("GET", "/admin/keys/a", ""),
+        ("HEAD", "/admin/keys/a", ""),
+        ("GET", "/admin/keys/b", ""),
+        ("GET", "/admin/keys/%ff", ""),
+        ("GET", "/stats", ""),
+        ("POST", "/0/initialize", r#"{"num_pages":4}"#),
+        ("POST", "/0/reserve_and_allocate_page_indices", r#"{"keys":[["h1",""],["h2",""],["h1",""]]}"#),
+        ("POST", "/0/confirm_write", r#"{"written_keys_to_confirm":[["h1",3]],"pages_to_release":[2]}"#),
+        ("POST", "/0/confirm_write", r#"{"written_keys_to_confirm":[["h9",0]]}"#),
+        ("POST", "/0/exists", r#"{"keys":["h1","h2"]}"#),
+        ("POST", "/0/get_page_indices", r#"{"keys":["h1","h2"]}"#),
+        ("POST", "/0/exists", r#"{"keys":[],"namespace":"mamba"}"#),
+        ("POST", "/0/initialize", r#"{"num_pages":0}"#),
+        ("POST", "/0/delete_keys", r#"{"keys":["h1"]}"#),
+        ("POST", "/0/clear", "{}"),
+        ("GET", "/stats", ""),
+        ("POST", "/keys/delete", r#"{"keys":["a","b"]}"#),
+        ("POST", "/keys/batch_allocate", r#"{"rank":0,"keys":"a"}"#),
+        ("POST", "/keys/batch_allocate", "\u{feff}{}"),
+        ("POST", "/clear", "anything"),
+        ("POST", "/keys/get_locations", r#"{"rank":0,"keys":[]}"#),
+    ];
+    let mut compared = 0;
+    for &(method, path, body) in scenario {
+        compared += usize::from(check(&server, &mut sim, method, path, body));
+    }
+    let paths = [
+        "/keys/batch_allocate",
+        "/keys/batch_allocate/",
+        "/keys/foo",
+        "/keys",
+        "/keys/",
+        "/clear/",
+        "/stats",
+        "/stats/",
+        "/health",
+        "/metrics",
+        "/admin/keys",
+        "/admin/keys/",
+        "/admin/keys/abc",
+        "/admin/keys/abc/def",
+        "/admin/foo",
+        "/admin/import/sglang",
+        "/admin/export/sglang",
+        "/admin/export/x",
+        "/rank/0/initialize",
+        "/rank//initialize",
+        "/rank/0/initialize/",
+        "/rank/0",
+        "/rank/x/initialize",
+        "/rank/4294967296/initialize",
+        "/0/exists",
+        "/0/exists/",
+        "//exists",
+        "/0/",
+        "/0//",
+        "/a/b/c",
+        "/a/b/c/d",
+        "/",
+        "/x",
+        "/0/nope",
+        "/health/x",
+        "/keys/batch%5Fallocate",
+        "/0/exist%73",
+        "/admin/keys/a%20b",
+        "/clear/x",
+        "/rank/0/x",
+        "/keys/delete",
+        "/metrics/x",
+        "/simulator",
+        "/simulator/",
+        "/simulator/app.js",
+        "/simulator/a/b",
+    ];
+    for path in paths {
+        for method in ["GET", "POST", "HEAD", "PUT", "DELETE"] {
+            // POST /admin/import/sglang would import; it is the server's own route anyway.
+            let body = if method == "GET" || method == "HEAD" { "" } else { "{}" };
+            compared += usize::from(check(&server, &mut sim, method, path, body));
+        }
+    }
+    // Everything but GET and HEAD of /health, /metrics, /admin/export/sglang and the four
+    // simulator paths, and POST /admin/import/sglang: the server's own routes.
+    assert_eq!(compared, scenario.len() + paths.len() * 5 - 15);
+}
