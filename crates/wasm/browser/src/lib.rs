@@ -18,7 +18,6 @@ pub mod sim;
 pub mod workload;
 
 mod rng;
-mod shim;
 
 pub use sim::{Config, Scenario, Sim, SimError, SimStats};
 pub use workload::WorkloadSpec;

@@ -8,10 +8,9 @@
 
 use std::collections::VecDeque;
 
-use kvpages_core::{Core, Eviction, PageView, Reply, Settings, Space};
+use kvpages_core::{Core, Eviction, PageView, Reply, Settings, Space, wire};
 use serde::{Deserialize, Serialize};
 
-use crate::shim as wire;
 use crate::workload::{Workload, WorkloadSpec};
 
 /// The format tag of an exported scenario.
@@ -487,6 +486,12 @@ impl Sim {
     fn exchange(&mut self, method: &str, path: &str, body: String) -> (u16, String, Option<Reply>) {
         let (status, bytes, reply) = match wire::parse(method, path, body.as_bytes()) {
             wire::Parsed::Answer(a) => (a.status, a.body, None),
+            // The server's own routes (/health, /metrics, SGLang file import/export) read host
+            // state a simulation does not have.
+            wire::Parsed::Host(route) => {
+                let detail = format!("{route} is served by kvpages serve itself, not by the simulator");
+                (404, serde_json::json!({ "detail": detail }).to_string().into_bytes(), None)
+            }
             wire::Parsed::Apply(p) => {
                 let result = self.core.apply(self.now, p.command());
                 let reply = match &result {
