@@ -48,7 +48,7 @@ fn deadline(q: &Deadlines<PageDeadline>, rank: u32, page: u32, generation: u32) 
 
 impl Core {
     /// Page counts of `rank` in `cells` equal runs of pages: cell `i` covers pages
-    /// `i*n/cells .. (i+1)*n/cells`, and holds [`PAGE_CLASSES`] counts — free, reserved,
+    /// `⌈i·n/cells⌉ .. ⌈(i+1)·n/cells⌉` (page `p` is in cell `⌊p·cells/n⌋`), and holds [`PAGE_CLASSES`] counts — free, reserved,
     /// committed without a lease, committed with a lease, quarantined. `None` when the rank does
     /// not exist. O(pages ever handed out + cells).
     pub fn page_map(&self, space: &Space, rank: u32, cells: u32) -> Option<Vec<u32>> {
