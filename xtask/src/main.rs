@@ -208,12 +208,7 @@ fn nostd_build() -> Result<()> {
         run(Command::new("apt-get").args(["install", "-y", "rustc-web", "cargo-web", "rust-web-src", "lld-19"]))?;
     }
     for features in ["", "serde"] {
-        run(Command::new("/usr/bin/cargo")
-            .current_dir(root())
-            .env("RUSTC", "/usr/bin/rustc")
-            .env("RUSTDOC", "/usr/bin/rustdoc")
-            .env("RUSTC_BOOTSTRAP", "1")
-            .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
+        run(plugin::debian_cargo()
             .args(["build", "-p", "kvpages-core", "--target", "wasm32-unknown-unknown", "--target-dir", "target/nostd"])
             .args(["-Zbuild-std=core,alloc", "--features", features]))?;
     }

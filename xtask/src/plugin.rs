@@ -83,6 +83,20 @@ pub(crate) fn debian_toolchain() -> Result<()> {
     Ok(())
 }
 
+/// Debian's cargo + rustc-web for wasm32-unknown-unknown (`-Zbuild-std` allowed).
+pub(crate) fn debian_cargo() -> Command {
+    let mut c = Command::new("/usr/bin/cargo");
+    c.current_dir(root())
+        .env("RUSTC", "/usr/bin/rustc")
+        .env("RUSTDOC", "/usr/bin/rustdoc")
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
+        // `cargo xtask` sets these for rustup's toolchain; Debian's cargo must not see them.
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO");
+    c
+}
+
 /// Compiles the guest by `route` with `features`; the core wasm module's path.
 fn compile(route: Route, features: &str) -> Result<PathBuf> {
     let args = ["build", "-p", "kvpages-plugin", "--target", "wasm32-unknown-unknown", "--profile", "plugin"];
@@ -94,17 +108,7 @@ fn compile(route: Route, features: &str) -> Result<PathBuf> {
         }
         Route::Debian => {
             debian_toolchain()?;
-            run(Command::new("/usr/bin/cargo")
-                .current_dir(root())
-                .env("RUSTC", "/usr/bin/rustc")
-                .env("RUSTDOC", "/usr/bin/rustdoc")
-                .env("RUSTC_BOOTSTRAP", "1")
-                .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
-                // `cargo xtask` sets these for rustup's toolchain; Debian's cargo must not see them.
-                .env_remove("RUSTUP_TOOLCHAIN")
-                .env_remove("CARGO")
-                .args(&args)
-                .args(["--target-dir", "target/wasm-debian", "-Zbuild-std=core,alloc"]))?;
+            run(debian_cargo().args(&args).args(["--target-dir", "target/wasm-debian", "-Zbuild-std=core,alloc"]))?;
             Ok(root().join("target/wasm-debian/wasm32-unknown-unknown/plugin/kvpages_plugin.wasm"))
         }
     }

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::plugin::{Route, debian_toolchain};
+use crate::plugin::{Route, debian_cargo, debian_toolchain};
 use crate::{Result, cargo, have, root, run, step};
 
 /// Where the module goes; `crates/host/build.rs` reads the same path.
@@ -34,16 +34,7 @@ fn compile(route: Route) -> Result<PathBuf> {
         }
         Route::Debian => {
             debian_toolchain()?;
-            run(Command::new("/usr/bin/cargo")
-                .current_dir(root())
-                .env("RUSTC", "/usr/bin/rustc")
-                .env("RUSTDOC", "/usr/bin/rustdoc")
-                .env("RUSTC_BOOTSTRAP", "1")
-                .env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER", "/usr/lib/llvm-19/bin/wasm-ld")
-                .env_remove("RUSTUP_TOOLCHAIN")
-                .env_remove("CARGO")
-                .args(args)
-                .args(["--target-dir", "target/wasm-debian", "-Zbuild-std=std,panic_abort"]))?;
+            run(debian_cargo().args(args).args(["--target-dir", "target/wasm-debian", "-Zbuild-std=std,panic_abort"]))?;
             Ok(root().join("target/wasm-debian/wasm32-unknown-unknown/simulator/kvpages_wasm.wasm"))
         }
     }

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use kvpages_core::{Core, Eviction, PageView, Reply, Settings, Space, wire};
+use kvpages_core::{Core, Eviction, PageCounts, PageView, Reply, Settings, Space, wire};
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{Workload, WorkloadSpec};
@@ -236,16 +236,10 @@ pub struct RankFigures {
     pub rank: u32,
     /// Its pool size.
     pub num_pages: u32,
-    /// Free pages.
-    pub free: u32,
-    /// Reserved, not yet confirmed.
-    pub reserved: u32,
-    /// Holding a confirmed key (leased ones included).
-    pub committed: u32,
-    /// Committed pages whose key holds a read lease.
-    pub leased: u32,
-    /// Out of use until their quarantine ends.
-    pub quarantined: u32,
+    /// Its pages by state: `free`, `reserved`, `committed` (leased ones included), `leased`,
+    /// `quarantined`.
+    #[serde(flatten)]
+    pub pages: PageCounts,
 }
 
 /// The figures the page shows.
@@ -545,18 +539,7 @@ impl Sim {
         let vllm = stats.spaces.iter().find(|s| s.space == Space::Vllm);
         let ranks = vllm
             .map(|s| {
-                s.ranks
-                    .iter()
-                    .map(|r| RankFigures {
-                        rank: r.rank,
-                        num_pages: r.num_pages,
-                        free: r.pages.free,
-                        reserved: r.pages.reserved,
-                        committed: r.pages.committed,
-                        leased: r.pages.leased,
-                        quarantined: r.pages.quarantined,
-                    })
-                    .collect()
+                s.ranks.iter().map(|r| RankFigures { rank: r.rank, num_pages: r.num_pages, pages: r.pages }).collect()
             })
             .unwrap_or_default();
         let counters = vllm.map(|s| s.counters).unwrap_or_default();
@@ -631,7 +614,7 @@ mod tests {
         let st = sim.stats();
         assert_eq!(st.requests, 2);
         assert_eq!(st.ranks.len(), 2);
-        assert_eq!((st.ranks[1].rank, st.ranks[1].num_pages, st.ranks[1].free), (1, 64, 64));
+        assert_eq!((st.ranks[1].rank, st.ranks[1].num_pages, st.ranks[1].pages.free), (1, 64, 64));
         let k = "0123456789abcdef0123456789abcdef";
         let (status, body) =
             sim.request("POST", "/keys/batch_allocate", &format!("{{\"rank\":1,\"keys\":[[\"{k}\",\"\"]]}}"));
@@ -641,7 +624,7 @@ mod tests {
         let e: Vec<&Event> = sim.events(2).collect();
         assert_eq!((e[0].seq, e[0].path.as_str(), e[0].status), (3, "/keys/batch_allocate", 200));
         assert_eq!((e[1].seq, e[1].status), (4, 400));
-        assert_eq!(sim.stats().ranks[1].reserved, 1);
+        assert_eq!(sim.stats().ranks[1].pages.reserved, 1);
         assert_eq!(sim.page_info(1, 0).unwrap().key.as_deref(), Some(k));
         assert_eq!(sim.page_info(1, 0).unwrap().expires_in_ms, Some(60_000));
     }
@@ -693,7 +676,7 @@ mod tests {
         sim.set_workload(WorkloadSpec { kind: Kind::UniqueBurst, blocks: 8, ..WorkloadSpec::default() }).unwrap();
         assert_eq!(sim.step(5).unwrap(), 5 * 3);
         let st = sim.stats();
-        assert_eq!((st.ranks[0].committed, st.ranks[0].free), (32, 0));
+        assert_eq!((st.ranks[0].pages.committed, st.ranks[0].pages.free), (32, 0));
         assert_eq!(st.workload.alloc_failures, 8);
         assert_eq!(st.counters["evictions"], 0);
         // Page map of the full pool: 4 cells of 8 committed pages.
