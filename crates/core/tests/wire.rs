@@ -348,6 +348,7 @@ fn routes_methods_and_fallbacks_match_the_servers_router() {
         ("POST", "/stats", 405, "Method Not Allowed (/stats accepts GET, not POST)"),
         ("POST", "/health", 405, "Method Not Allowed (/health accepts GET, not POST)"),
         ("POST", "/admin/keys/a", 405, "Method Not Allowed (/admin/keys/a accepts GET, not POST)"),
+        ("GET", "/admin/import/sglang", 405, "Method Not Allowed (/admin/import/sglang accepts POST, not GET)"),
         ("GET", "/0/exists", 405, "Method Not Allowed (/0/exists accepts POST, not GET)"),
         ("GET", "/keys/foo", 405, "Method Not Allowed (/keys/foo accepts POST, not GET)"),
         // `/{rank}/{op}` takes any two segments, the first one may be empty.

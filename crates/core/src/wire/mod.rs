@@ -247,7 +247,7 @@ pub fn not_found(method: &str, path: &str) -> Answer {
 /// The method the routes under `path` take, for a 405's `Allow` header.
 pub fn allowed_method(path: &str) -> &'static str {
     let get = ["/health", "/stats", "/metrics", "/simulator"].contains(&path)
-        || path.starts_with("/admin/")
+        || (path.starts_with("/admin/") && path != "/admin/import/sglang")
         || path.starts_with("/simulator/");
     if get { "GET" } else { "POST" }
 }
