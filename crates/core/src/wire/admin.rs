@@ -10,6 +10,7 @@ use super::{Answer, ErrorCode, Failure, HostInfo, Parsed, Shape, apply, unexpect
 use crate::command::{Command, Counters, Eviction, Reply, Space};
 use crate::error::Error;
 use crate::key::Key;
+use crate::pool::PageCounts;
 
 /// How `/stats` names a space: the family, and for SGLang the rank and namespace.
 fn space_name(space: &Space) -> (&'static str, Option<u32>, Option<&str>) {
@@ -34,11 +35,9 @@ struct SettingsOut {
 struct RankOut {
     rank: u32,
     num_pages: u32,
-    free: u32,
-    reserved: u32,
-    committed: u32,
-    leased: u32,
-    quarantined: u32,
+    /// `free`, `reserved`, `committed`, `leased`, `quarantined`, in that order.
+    #[serde(flatten)]
+    pages: PageCounts,
 }
 
 #[derive(Serialize)]
@@ -104,15 +103,7 @@ pub(super) fn stats(result: Result<Reply, Error>, host: &HostInfo<'_>) -> Result
                     ranks: s
                         .ranks
                         .iter()
-                        .map(|r| RankOut {
-                            rank: r.rank,
-                            num_pages: r.num_pages,
-                            free: r.pages.free,
-                            reserved: r.pages.reserved,
-                            committed: r.pages.committed,
-                            leased: r.pages.leased,
-                            quarantined: r.pages.quarantined,
-                        })
+                        .map(|r| RankOut { rank: r.rank, num_pages: r.num_pages, pages: r.pages })
                         .collect(),
                     counters: s.counters,
                 }
