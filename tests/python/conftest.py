@@ -181,3 +181,18 @@ def kvpages_server():
         yield servers
     finally:
         servers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def say(pytestconfig):
+    """Prints straight to the terminal (a download's progress is worth seeing under -q)."""
+    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def _say(msg: str) -> None:
+        if capman is None:
+            print(msg, flush=True)
+            return
+        with capman.global_and_fixture_disabled():
+            print("\n" + msg, end="", flush=True)
+
+    return _say

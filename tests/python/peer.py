@@ -238,3 +238,26 @@ class PeerServer:
             print(f"peer log kept at {self.log.name}")
         else:
             os.unlink(self.log.name)
+
+
+# Shared by the differential tests (test_peer_parity.py, test_sglang_parity.py).
+
+def seeds_from_env(var: str, default) -> list:
+    """The seeds named in `var` (comma or space separated), or `default`."""
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return list(default)
+    return [int(s) for s in raw.replace(",", " ").split()]
+
+
+def show_request(route, body, limit=600):
+    """`POST route body`, the body cut at `limit` characters."""
+    text = body.decode(errors="replace")
+    return f"POST {route} {text[:limit]}{'…' if len(text) > limit else ''}"
+
+
+def show_reply(r, limit=600):
+    """`status content-type body` of a `(status, ctype, data)` reply, the body cut at `limit`."""
+    status, ctype, data = r
+    text = data.decode(errors="replace")
+    return f"{status} {ctype} {text[:limit]}{'…' if len(text) > limit else ''}"

@@ -31,6 +31,7 @@ import pytest
 import requests
 
 import peer as peer_mod
+from peer import seeds_from_env, show_reply, show_request
 
 TP = 2
 MAX_SAVE_BATCH = 128
@@ -41,21 +42,6 @@ DEFAULT_STEPS = 3000
 # --------------------------------------------------------------------------------------------
 # Fixtures: the peer (download, extract, run) and vLLM's client class
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def say(pytestconfig):
-    """Prints straight to the terminal (progress of a download is worth seeing under -q)."""
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def _say(msg: str) -> None:
-        if capman is None:
-            print(msg, flush=True)
-            return
-        with capman.global_and_fixture_disabled():
-            print("\n" + msg, end="", flush=True)
-
-    return _say
 
 
 class _Peer:
@@ -670,25 +656,7 @@ class Generator:
         return out
 
 
-def _seeds():
-    raw = os.environ.get("KVPAGES_PARITY_SEED", "").strip()
-    if not raw:
-        return list(DEFAULT_SEEDS)
-    return [int(s) for s in raw.replace(",", " ").split()]
-
-
-def _show(route, body, limit=600):
-    text = body.decode(errors="replace")
-    return f"POST {route} {text[:limit]}{'…' if len(text) > limit else ''}"
-
-
-def _reply(r, limit=600):
-    status, ctype, data = r
-    text = data.decode(errors="replace")
-    return f"{status} {ctype} {text[:limit]}{'…' if len(text) > limit else ''}"
-
-
-@pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("seed", seeds_from_env("KVPAGES_PARITY_SEED", DEFAULT_SEEDS), ids=lambda s: f"seed{s}")
 def test_differential_random_valid_input(peer, kv_url, seed, say):
     peer = peer.require()
     steps = int(os.environ.get("KVPAGES_PARITY_STEPS", DEFAULT_STEPS))
@@ -722,13 +690,13 @@ def test_differential_random_valid_input(peer, kv_url, seed, say):
         elif a[0] not in (200, 204):
             problem = f"both answered {a[0]} to valid input"
         if problem:
-            before = "\n".join(f"  step {s}: {_show(r, x, 160)} -> {st}" for s, r, x, st in history[:-1])
+            before = "\n".join(f"  step {s}: {show_request(r, x, 160)} -> {st}" for s, r, x, st in history[:-1])
             pytest.fail(
                 f"parity mismatch ({problem}) at seed {seed} step {step} "
                 f"(reproduce: KVPAGES_PARITY_SEED={seed})\n"
-                f"request: {_show(route, body, 2000)}\n"
-                f"kvpages: {_reply(a, 2000)}\n"
-                f"peer:    {_reply(b, 2000)}\n"
+                f"request: {show_request(route, body, 2000)}\n"
+                f"kvpages: {show_reply(a, 2000)}\n"
+                f"peer:    {show_reply(b, 2000)}\n"
                 f"previous requests (peer status):\n{before}",
                 pytrace=False,
             )

@@ -35,21 +35,6 @@ OPS = ("initialize", "exists", "reserve_and_allocate_page_indices", "confirm_wri
 
 
 @pytest.fixture(scope="module")
-def say(pytestconfig):
-    """Prints straight to the terminal (a download's progress is worth seeing under -q)."""
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def _say(msg: str) -> None:
-        if capman is None:
-            print(msg, flush=True)
-            return
-        with capman.global_and_fixture_disabled():
-            print("\n" + msg, end="", flush=True)
-
-    return _say
-
-
-@pytest.fixture(scope="module")
 def sglang_module(say):
     """SGLang's file imported as a module; a failure to get it fails each test that needs it."""
     try:

@@ -50,6 +50,7 @@ import pytest
 import requests
 
 import sglang_peer
+from peer import seeds_from_env, show_reply, show_request
 from sglang_peer import NOT_INITIALIZED, HiCache, Recorder
 
 DEFAULT_SEEDS = (1, 2, 3, 4)
@@ -60,21 +61,6 @@ KVPAGES_FLAGS = ("--read-lease", "0", "--quarantine", "0")  # and --eviction off
 # --------------------------------------------------------------------------------------------
 # Fixtures
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def say(pytestconfig):
-    """Prints straight to the terminal (a download's progress is worth seeing under -q)."""
-    capman = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def _say(msg: str) -> None:
-        if capman is None:
-            print(msg, flush=True)
-            return
-        with capman.global_and_fixture_disabled():
-            print("\n" + msg, end="", flush=True)
-
-    return _say
 
 
 class _Sglang:
@@ -654,25 +640,7 @@ class Generator:
         return out
 
 
-def _seeds():
-    raw = os.environ.get("KVPAGES_SGLANG_PARITY_SEED", "").strip()
-    if not raw:
-        return list(DEFAULT_SEEDS)
-    return [int(s) for s in raw.replace(",", " ").split()]
-
-
-def _show(route, body, limit=600):
-    text = body.decode(errors="replace")
-    return f"POST {route} {text[:limit]}{'…' if len(text) > limit else ''}"
-
-
-def _reply(r, limit=600):
-    status, ctype, data = r
-    text = data.decode(errors="replace")
-    return f"{status} {ctype} {text[:limit]}{'…' if len(text) > limit else ''}"
-
-
-@pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("seed", seeds_from_env("KVPAGES_SGLANG_PARITY_SEED", DEFAULT_SEEDS), ids=lambda s: f"seed{s}")
 def test_differential_random_valid_input(sglang, kv_url, seed, say):
     s = sglang.require()
     peer_url = s.fresh()
@@ -687,12 +655,12 @@ def test_differential_random_valid_input(sglang, kv_url, seed, say):
     start = time.monotonic()
 
     def fail(problem, step, route, body, a, b):
-        before = "\n".join(f"  step {st}: {_show(r, x, 200)} -> {code}" for st, r, x, code in history[:-1])
+        before = "\n".join(f"  step {st}: {show_request(r, x, 200)} -> {code}" for st, r, x, code in history[:-1])
         pytest.fail(
             f"{problem} at seed {seed} step {step} (reproduce: KVPAGES_SGLANG_PARITY_SEED={seed})\n"
-            f"request: {_show(route, body, 2000)}\n"
-            f"kvpages: {_reply(a, 2000)}\n"
-            f"peer:    {_reply(b, 2000)}\n"
+            f"request: {show_request(route, body, 2000)}\n"
+            f"kvpages: {show_reply(a, 2000)}\n"
+            f"peer:    {show_reply(b, 2000)}\n"
             f"previous requests (peer status):\n{before}",
             pytrace=False,
         )
