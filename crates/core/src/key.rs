@@ -77,7 +77,8 @@ impl Key {
         Ok(Key::Text(Box::from(s)))
     }
 
-    fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
+    /// The 16 bytes of a 32-character lowercase hex string; `None` for any other input.
+    pub(crate) fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
         if b.len() != 32 {
             return None;
         }

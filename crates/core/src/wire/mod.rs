@@ -23,7 +23,8 @@
 //! metrics, logging, `/health`, `/metrics` and SGLang's persistence file.
 //!
 //! # Layout
-//! - [`json`]: strict JSON decoding (no duplicate members, u32 integers, exact pairs).
+//! - [`json`]: strict JSON decoding (no duplicate members, u32 integers, exact pairs); `fast`:
+//!   a one-pass reader of the clients' usual bodies that defers to [`json`] whenever unsure.
 //! - `errors`: [`ErrorCode`], the catalogue (status + `detail` template), and [`Failure`].
 //! - `vllm`: vLLM's seven routes; `sglang`: SGLang's `POST /{rank}/{op}`; `admin`: `/stats`
 //!   and `/admin/keys/{key}`.
@@ -40,6 +41,7 @@ use crate::key::Key;
 
 mod admin;
 mod errors;
+mod fast;
 pub mod json;
 mod sglang;
 mod vllm;

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::{self, MapAccess};
 use serde::ser::{SerializeSeq, SerializeStruct};
 
+use super::fast;
 use super::json::{KeyPage, KeyPair, KeyStr, KeyText, List, Members, Object, U32, decode, missing, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
 use crate::command::{Allocation, Command, Reply, Space};
@@ -72,32 +73,26 @@ pub(super) fn parse(route: Route, path: &str, body: &[u8]) -> Result<Parsed, Fai
             };
             Command::Initialize { space: SPACE, rank, num_pages }
         }
+        // The data routes try the fast path first; the full decoder has the last word.
         Route::Allocate => {
-            let (rank, List(pairs)) = decode_rank_keys::<KeyPair>(body).map_err(invalid)?;
-            Command::Allocate { space: SPACE, rank, keys: pairs.into_iter().map(|p| p.0).collect() }
+            let (rank, keys) = decode_with(body, fast::allocate, full_allocate).map_err(invalid)?;
+            Command::Allocate { space: SPACE, rank, keys }
         }
         Route::Confirm => {
-            let Object(b) = decode::<Object<ConfirmBody>>(body).map_err(invalid)?;
-            Command::Confirm {
-                space: SPACE,
-                rank: b.rank.expect("checked in finish").0,
-                confirmations: b.confirmations.0.into_iter().map(|KeyPage(k, p)| (k, p)).collect(),
-                releases: b.pages_to_release.0.into_iter().map(|p| p.0).collect(),
-            }
+            let (rank, confirmations, releases) = decode_with(body, fast::confirm, full_confirm).map_err(invalid)?;
+            Command::Confirm { space: SPACE, rank, confirmations, releases }
         }
         Route::Exists => {
-            let Object(b) = decode::<Object<KeysBody>>(body).map_err(invalid)?;
-            Command::Exists { space: SPACE, keys: b.keys.0.into_iter().map(|k| k.0).collect() }
+            Command::Exists { space: SPACE, keys: decode_with(body, fast::keys, full_keys).map_err(invalid)? }
         }
         Route::Locations => {
-            let (rank, List(keys)) = decode_rank_keys::<KeyStr>(body).map_err(invalid)?;
-            Command::Locations { space: SPACE, rank, keys: keys.into_iter().map(|k| k.0).collect() }
+            let (rank, keys) = decode_with(body, fast::locations, full_locations).map_err(invalid)?;
+            Command::Locations { space: SPACE, rank, keys }
         }
         // The body is ignored, as in the peer.
         Route::Clear => Command::Clear { space: SPACE },
         Route::Delete => {
-            let Object(b) = decode::<Object<KeysBody>>(body).map_err(invalid)?;
-            Command::Delete { space: SPACE, keys: b.keys.0.into_iter().map(|k| k.0).collect() }
+            Command::Delete { space: SPACE, keys: decode_with(body, fast::keys, full_keys).map_err(invalid)? }
         }
     };
     Ok(apply(route.name(), Shape::Vllm(route), command))
@@ -234,6 +229,46 @@ impl<T: for<'de> serde::Deserialize<'de>> Members for RankKeys<T> {
     }
 }
 
+/// The fast path's value when it has one, else the full decoder's value or refusal.
+fn decode_with<T>(
+    body: &[u8],
+    fast: fn(&[u8]) -> Option<T>,
+    full: fn(&[u8]) -> Result<T, String>,
+) -> Result<T, String> {
+    fast(body).map_or_else(|| full(body), Ok)
+}
+
+// The full decoders of the data routes' bodies: the rules (see `json`), and the reference the
+// fast path is tested against.
+
+/// batch_allocate: rank and keys.
+fn full_allocate(body: &[u8]) -> Result<(u32, Vec<Key>), String> {
+    let (rank, List(pairs)) = decode_rank_keys::<KeyPair>(body)?;
+    Ok((rank, pairs.into_iter().map(|p| p.0).collect()))
+}
+
+/// get_locations: rank and keys.
+fn full_locations(body: &[u8]) -> Result<(u32, Vec<Key>), String> {
+    let (rank, List(keys)) = decode_rank_keys::<KeyStr>(body)?;
+    Ok((rank, keys.into_iter().map(|k| k.0).collect()))
+}
+
+/// confirm_write: rank, confirmations, releases.
+fn full_confirm(body: &[u8]) -> Result<fast::Confirm, String> {
+    let Object(b) = decode::<Object<ConfirmBody>>(body)?;
+    Ok((
+        b.rank.expect("checked in finish").0,
+        b.confirmations.0.into_iter().map(|KeyPage(k, p)| (k, p)).collect(),
+        b.pages_to_release.0.into_iter().map(|p| p.0).collect(),
+    ))
+}
+
+/// batch_exists, delete: `{"keys": [...]}`.
+fn full_keys(body: &[u8]) -> Result<Vec<Key>, String> {
+    let Object(b) = decode::<Object<KeysBody>>(body)?;
+    Ok(b.keys.0.into_iter().map(|k| k.0).collect())
+}
+
 fn decode_rank_keys<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<(u32, List<T>), String> {
     let Object(b) = decode::<Object<RankKeys<T>>>(body)?;
     Ok((b.rank.expect("checked in finish").0, b.keys))
@@ -325,4 +360,241 @@ struct LocationsReply {
 #[derive(Serialize)]
 struct DeletedReply {
     deleted: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fast path against the full decoder: whenever the fast path gives a value, the full
+    //! decoder gives the same one; the bodies the clients send take the fast path.
+
+    use std::string::ToString;
+    use std::vec;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A tiny deterministic generator (the test's seed comes from proptest).
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+            xs[self.below(xs.len() as u64) as usize]
+        }
+        /// Whitespace between tokens: none or JSON's four, sometimes (canonical: none or one space).
+        fn ws(&mut self, canonical: bool) -> &'static str {
+            if canonical {
+                ["", " "][self.below(2) as usize]
+            } else {
+                ["", "", " ", "\n", "\t\r ", "  "][self.below(6) as usize]
+            }
+        }
+        /// A key's JSON text: mostly the clients' 32 hex digits, sometimes anything.
+        fn key(&mut self, canonical: bool) -> String {
+            let hex = format!("{:016x}{:016x}", self.next(), self.next());
+            if canonical || self.below(3) > 0 {
+                return format!("\"{hex}\"");
+            }
+            let odd = [
+                "\"ABCDEF0123456789abcdef0123456789\"",
+                "\"k\"",
+                "\"\"",
+                "\"a\\\"b\"",
+                "\"\\u0041\"",
+                "\"é\"",
+                "\"0123456789abcdef0123456789abcde\"",
+                "\"0123456789abcdef0123456789abcdef0\"",
+                "1",
+                "null",
+                "[\"k\",\"\"]",
+            ];
+            self.pick(&odd).to_string()
+        }
+        fn number(&mut self, canonical: bool) -> String {
+            if canonical || self.below(3) > 0 {
+                return [0u64, 1, 7, 4_294_967_295, self.below(1 << 32)][self.below(5) as usize].to_string();
+            }
+            self.pick(&["01", "-1", "-0", "1.0", "1e3", "4294967296", "99999999999", "\"1\"", "true", "0.5", "00"])
+                .to_string()
+        }
+        fn list(&mut self, canonical: bool, mut elem: impl FnMut(&mut Gen) -> String) -> String {
+            let n = [0, 1, 2, 5, 40][self.below(5) as usize];
+            let mut s = String::from("[");
+            for i in 0..n {
+                if i > 0 {
+                    s.push_str(self.ws(canonical));
+                    s.push(',');
+                }
+                s.push_str(self.ws(canonical));
+                s.push_str(&elem(self));
+            }
+            s.push_str(self.ws(canonical));
+            s.push(']');
+            s
+        }
+        fn pair(&mut self, canonical: bool, second: String) -> String {
+            let key = self.key(canonical);
+            let (a, b, c) = (self.ws(canonical), self.ws(canonical), self.ws(canonical));
+            format!("[{a}{key},{b}{second}{c}]")
+        }
+        /// An object of these members (shuffled; sometimes one dropped, repeated or an extra).
+        fn object(&mut self, canonical: bool, mut members: Vec<(&str, String)>) -> String {
+            if !canonical {
+                match self.below(6) {
+                    0 if !members.is_empty() => {
+                        let i = self.below(members.len() as u64) as usize;
+                        members.remove(i);
+                    }
+                    1 if !members.is_empty() => {
+                        let i = self.below(members.len() as u64) as usize;
+                        members.push(members[i].clone());
+                    }
+                    2 => members.push(("extra", "{\"a\":[1,2.5]}".into())),
+                    _ => {}
+                }
+            }
+            for i in (1..members.len()).rev() {
+                members.swap(i, self.below(i as u64 + 1) as usize);
+            }
+            let mut s = String::from(self.ws(canonical));
+            s.push('{');
+            for (i, (name, value)) in members.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                let (a, b, c) = (self.ws(canonical), self.ws(canonical), self.ws(canonical));
+                s.push_str(&format!("{a}\"{name}\"{b}:{c}{value}"));
+            }
+            s.push_str(self.ws(canonical));
+            s.push('}');
+            s.push_str(self.ws(canonical));
+            s
+        }
+        /// A body of `route`.
+        fn body(&mut self, route: Route, canonical: bool) -> String {
+            let c = canonical;
+            let members = match route {
+                Route::Allocate => {
+                    let prefix = |g: &mut Gen| if c || g.below(4) > 0 { "\"\"".to_string() } else { g.key(false) };
+                    let keys = self.list(c, |g| {
+                        let p = prefix(g);
+                        g.pair(c, p)
+                    });
+                    vec![("rank", self.number(c)), ("keys", keys)]
+                }
+                Route::Confirm => {
+                    let confirmations = self.list(c, |g| {
+                        let n = g.number(c);
+                        g.pair(c, n)
+                    });
+                    vec![
+                        ("rank", self.number(c)),
+                        ("confirmations", confirmations),
+                        ("pages_to_release", self.list(c, |g| g.number(c))),
+                    ]
+                }
+                Route::Locations => vec![("rank", self.number(c)), ("keys", self.list(c, |g| g.key(c)))],
+                _ => vec![("keys", self.list(c, |g| g.key(c)))],
+            };
+            self.object(c, members)
+        }
+    }
+
+    /// A byte-level edit of `body` (`None`: unchanged).
+    fn mutate(g: &mut Gen, body: &str) -> Vec<u8> {
+        let mut b = body.as_bytes().to_vec();
+        for _ in 0..g.below(3) {
+            let i = g.below(b.len() as u64 + 1) as usize;
+            let byte =
+                *[b'"', b'\\', b',', b']', b'}', b'[', b'{', b'0', b'-', b'.', b'e', b' ', b'x', 0xff, 0x01, b':']
+                    .get(g.below(16) as usize)
+                    .unwrap_or(&b'x');
+            match g.below(3) {
+                0 if i < b.len() => b[i] = byte,
+                1 if i < b.len() => {
+                    b.remove(i);
+                }
+                _ => b.insert(i, byte),
+            }
+        }
+        b
+    }
+
+    /// Whether the fast path agrees with the full decoder on `body`; true when it answered.
+    fn agree(route: Route, body: &[u8]) -> bool {
+        fn same<T: PartialEq + core::fmt::Debug>(body: &[u8], fast: Option<T>, full: Result<T, String>) -> bool {
+            let Some(v) = fast else { return false };
+            assert_eq!(Ok(&v), full.as_ref(), "fast path disagrees on {:?}", String::from_utf8_lossy(body));
+            true
+        }
+        match route {
+            Route::Allocate => same(body, fast::allocate(body), full_allocate(body)),
+            Route::Confirm => same(body, fast::confirm(body), full_confirm(body)),
+            Route::Locations => same(body, fast::locations(body), full_locations(body)),
+            _ => same(body, fast::keys(body), full_keys(body)),
+        }
+    }
+
+    const ROUTES: [Route; 4] = [Route::Allocate, Route::Confirm, Route::Exists, Route::Locations];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn the_clients_bodies_take_the_fast_path(seed in any::<u64>()) {
+            let mut g = Gen(seed);
+            for route in ROUTES {
+                let body = g.body(route, true);
+                prop_assert!(agree(route, body.as_bytes()), "{:?} body took the slow path: {}", route, body);
+            }
+        }
+
+        #[test]
+        fn the_fast_path_never_disagrees(seed in any::<u64>()) {
+            let mut g = Gen(seed);
+            for route in ROUTES {
+                let body = g.body(route, false);
+                agree(route, body.as_bytes());
+                let edited = mutate(&mut g, &body);
+                agree(route, &edited);
+            }
+        }
+    }
+
+    #[test]
+    fn what_vllms_client_sends_takes_the_fast_path() {
+        // Python's json.dumps separators (", " and ": ").
+        let key = "0123456789abcdef0123456789abcdef";
+        let cases = [
+            (Route::Allocate, format!(r#"{{"rank": 3, "keys": [["{key}", ""], ["{key}", "{key}"]]}}"#)),
+            (Route::Confirm, format!(r#"{{"rank": 0, "confirmations": [["{key}", 12]], "pages_to_release": [4, 5]}}"#)),
+            (Route::Exists, format!(r#"{{"keys": ["{key}", "{key}"]}}"#)),
+            (Route::Locations, format!(r#"{{"rank": 1, "keys": ["{key}"]}}"#)),
+        ];
+        for (route, body) in cases {
+            assert!(agree(route, body.as_bytes()), "{route:?}: {body}");
+        }
+        // And what it must leave to the full decoder.
+        for (route, body) in [
+            (Route::Allocate, r#"{"rank": 1, "rank": 1, "keys": []}"#),
+            (Route::Allocate, r#"{"keys": []}"#),
+            (Route::Confirm, r#"{"rank": 01, "confirmations": []}"#),
+            (Route::Exists, r#"{"keys": ["a\u0062"]}"#),
+            (Route::Exists, r#"{"keys": [""]}"#),
+            (Route::Exists, r#"{"keys": []} x"#),
+            (Route::Locations, r#"{"rank": 0, "keys": [], "other": 1}"#),
+        ] {
+            assert!(!agree(route, body.as_bytes()), "{route:?} took the fast path: {body}");
+        }
+    }
 }
