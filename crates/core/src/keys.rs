@@ -1,8 +1,9 @@
 //! The key table: a slab of entries found through a seeded hash table of slot numbers.
 //!
 //! Entries are addressed by a u32 slot so pages can point back at their key in 4 bytes; the
-//! hash table stores only slots (the key lives once, in the entry). Nothing here iterates the
-//! table in hash order, so replies never depend on the hasher seed.
+//! hash table stores slots and 32 bits of each key's hash (the key lives once, in the entry), so
+//! growing the table and probing past other keys never reads the entries. Nothing here
+//! iterates the table in hash order, so replies never depend on the hasher seed.
 
 use alloc::vec::Vec;
 use core::hash::BuildHasher;
@@ -95,6 +96,32 @@ pub(crate) struct Entry {
     pub(crate) lease_until: u64,
 }
 
+/// An index entry: a key's slot and 32 bits of its hash, from which the table's 64-bit hash is
+/// recomputed without reading the entry (on growth, and to skip other keys while probing).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Indexed {
+    slot: u32,
+    tag: u32,
+}
+
+impl Indexed {
+    /// The 64-bit hash the table sorts this entry by.
+    fn hash(self) -> u64 {
+        spread(self.tag)
+    }
+}
+
+/// 32 bits of a key's hash.
+fn tag(hash: u64) -> u32 {
+    (hash >> 32) as u32 ^ hash as u32
+}
+
+/// The table's 64-bit hash of a tag: an odd multiplier is a bijection, so bucket bits (low) and
+/// control bits (high) both depend on the tag.
+fn spread(tag: u32) -> u64 {
+    u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// "No slot": the end of the recency list.
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -103,7 +130,7 @@ pub(crate) const NIL: u32 = u32::MAX;
 pub(crate) struct KeyTable {
     pub(crate) slots: Vec<Option<Entry>>,
     pub(crate) vacant: Vec<u32>,
-    pub(crate) index: HashTable<u32>,
+    pub(crate) index: HashTable<Indexed>,
     pub(crate) hasher: Hasher,
     /// Most and least recently used ends of the recency list, and its length.
     pub(crate) newest: u32,
@@ -143,10 +170,19 @@ impl KeyTable {
         self.committed
     }
 
+    /// The tag of `key`.
+    fn tag_of(&self, key: &Key) -> u32 {
+        tag(self.hasher.hash_one(key))
+    }
+
+    /// Whether index entry `x` is `key`, whose tag is `tag`.
+    fn is(&self, x: Indexed, tag: u32, key: &Key) -> bool {
+        x.tag == tag && self.slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key)
+    }
+
     pub(crate) fn find(&self, key: &Key) -> Option<u32> {
-        let hash = self.hasher.hash_one(key);
-        let slots = &self.slots;
-        self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|e| e.key == *key)).copied()
+        let tag = self.tag_of(key);
+        self.index.find(spread(tag), |&x| self.is(x, tag, key)).map(|x| x.slot)
     }
 
     /// The entry at `slot`, if the slot is live.
@@ -164,9 +200,13 @@ impl KeyTable {
 
     /// The slot of `key`, creating an empty entry if it has none.
     pub(crate) fn find_or_insert(&mut self, key: &Key) -> u32 {
-        if let Some(slot) = self.find(key) {
-            return slot;
-        }
+        let tag = self.tag_of(key);
+        let slots = &self.slots;
+        let is = |x: &Indexed| x.tag == tag && slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key);
+        let vacant = match self.index.entry(spread(tag), is, |x| x.hash()) {
+            hashbrown::hash_table::Entry::Occupied(o) => return o.get().slot,
+            hashbrown::hash_table::Entry::Vacant(v) => v,
+        };
         let entry = Entry {
             key: key.clone(),
             pages: RankPages::None,
@@ -176,20 +216,16 @@ impl KeyTable {
             since_s: 0,
             lease_until: 0,
         };
-        let slot = match self.vacant.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(entry);
-                s
-            }
-            None => {
-                let s = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
-                self.slots.push(Some(entry));
-                s
-            }
+        let slot = match self.vacant.last() {
+            Some(&s) => s,
+            None => u32::try_from(self.slots.len()).expect("fewer than 2^32 keys"),
         };
-        let hash = self.hasher.hash_one(key);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, slot, |&s| hasher.hash_one(&slots[s as usize].as_ref().expect("live slot").key));
+        vacant.insert(Indexed { slot, tag });
+        if self.vacant.pop().is_some() {
+            self.slots[slot as usize] = Some(entry);
+        } else {
+            self.slots.push(Some(entry));
+        }
         slot
     }
 
@@ -265,8 +301,8 @@ impl KeyTable {
             return;
         }
         debug_assert!(!self.in_recency(slot), "a key without pages is not in the recency list");
-        let hash = self.hasher.hash_one(&e.key);
-        if let Ok(found) = self.index.find_entry(hash, |&s| s == slot) {
+        let tag = self.tag_of(&e.key);
+        if let Ok(found) = self.index.find_entry(spread(tag), |x| x.slot == slot) {
             found.remove();
         }
         self.slots[slot as usize] = None;
@@ -283,15 +319,11 @@ impl KeyTable {
             if e.pages.len() > 0 {
                 self.committed += 1;
             }
-            let hash = self.hasher.hash_one(&e.key);
-            let slots = &self.slots;
-            if self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|o| o.key == e.key)).is_some() {
+            let tag = self.tag_of(&e.key);
+            if self.index.find(spread(tag), |&x| self.is(x, tag, &e.key)).is_some() {
                 return Err(alloc::format!("key {:?} is stored twice", e.key));
             }
-            let hasher = &self.hasher;
-            self.index.insert_unique(hash, slot as u32, |&s| {
-                hasher.hash_one(&slots[s as usize].as_ref().expect("live slot").key)
-            });
+            self.index.insert_unique(spread(tag), Indexed { slot: slot as u32, tag }, |x| x.hash());
         }
         let n = self.slots.len() as u32;
         let bad_link = |s: u32| s != NIL && (s >= n || self.slots[s as usize].is_none());

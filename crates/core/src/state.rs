@@ -586,13 +586,15 @@ impl Core {
         }
 
         let sp = self.space_mut(space, now).expect("space exists");
-        let verdict = |sp: &SpaceState, key: &Key, page: u32| -> Result<(), Refusal> {
-            let slot = sp.keys.find(key);
+        // The page names its key's slot: one look at that entry, no hash lookup (the table
+        // holds each key in one slot, so "slot s holds key" is "key's slot is s").
+        let verdict = |sp: &SpaceState, key: &Key, page: u32| -> Result<u32, Refusal> {
+            let holds = |s: u32| sp.keys.get_live(s).is_some_and(|e| e.key == *key);
             match sp.ranks[&rank].state(page) {
                 Page::Free | Page::Quarantined { .. } => Err(Refusal::NotReserved),
-                Page::Reserved { slot: s, .. } if Some(s) == slot => Ok(()),
+                Page::Reserved { slot: s, .. } if holds(s) => Ok(s),
                 Page::Reserved { .. } => Err(Refusal::ReservedForAnotherKey),
-                Page::Committed { slot: s } if Some(s) == slot => Ok(()),
+                Page::Committed { slot: s } if holds(s) => Ok(s),
                 Page::Committed { .. } => Err(Refusal::CommittedToAnotherKey),
             }
         };
@@ -614,11 +616,13 @@ impl Core {
         let mut report = ConfirmReport::default();
         for (i, (key, page)) in confirmations.iter().enumerate() {
             let page = *page;
-            if let Err(reason) = verdict(sp, key, page) {
-                report.refused.push(Refused { index: i as u32, page, reason });
-                continue;
-            }
-            let slot = sp.keys.find(key).expect("accepted pairs name a stored key");
+            let slot = match verdict(sp, key, page) {
+                Ok(slot) => slot,
+                Err(reason) => {
+                    report.refused.push(Refused { index: i as u32, page, reason });
+                    continue;
+                }
+            };
             let pool = sp.ranks.get_mut(&rank).expect("rank exists");
             if let Page::Committed { .. } = pool.state(page) {
                 report.unchanged += 1;
