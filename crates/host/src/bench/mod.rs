@@ -564,7 +564,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                             format!("{FLOOR_PATH}?reply={}", bytes.checked_div(n as u64).unwrap_or(0))
                         })
                         .collect();
-                    Mode::Floor { replies }
+                    Mode::floor(w, replies)
                 });
                 base.push(run_once(&floor, &fixture, mode, c, args, &tag(&floor)).await?);
                 if let (Some(p), Some(f)) = (&peer, &peer_fixture)

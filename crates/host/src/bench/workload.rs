@@ -117,8 +117,36 @@ impl Workload {
 pub(super) enum Mode {
     /// The real routes.
     Real,
-    /// The floor route, with the reply size each step should get (its real route's mean).
-    Floor { replies: Vec<String> },
+    /// The floor route, with the reply size each step should get (its real route's mean), and
+    /// for workloads that confirm, a batch_allocate reply of their batch: the generator parses
+    /// it in place of the floor's (meaningless) bytes, so that it spends on a floor iteration
+    /// what it spends on a real one (on a shared machine, a cheaper client would lend the floor
+    /// CPU).
+    Floor { replies: Vec<String>, allocate_reply: Option<Vec<u8>> },
+}
+
+impl Mode {
+    /// The floor of `workload`, its steps answered with these paths.
+    pub(super) fn floor(workload: Workload, replies: Vec<String>) -> Mode {
+        Mode::Floor { replies, allocate_reply: workload.pages_per_iteration().map(|n| allocate_reply(n as usize)) }
+    }
+}
+
+/// A batch_allocate reply as kvpages writes it, for `n` fresh keys (pages of 6 digits, as on a
+/// 1,000,000-page rank).
+fn allocate_reply(n: usize) -> Vec<u8> {
+    use std::fmt::Write;
+    let mut keys = Vec::with_capacity(n);
+    KeyGen::new(0x666c_6f6f_72).fresh(n, &mut keys);
+    let mut s = String::from("{\"rank\":0,\"results\":[");
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "[\"{k}\",{}]", 500_000 + i);
+    }
+    s.push_str("]}");
+    s.into_bytes()
 }
 
 /// Unique 32-hex keys: `splitmix64` is a bijection, so distinct counters give distinct keys.
@@ -413,7 +441,6 @@ pub(super) struct Worker {
     /// The cycle's previous fresh keys: cached blocks of the next prompt.
     prev: Vec<String>,
     /// Page numbers the floor's confirm bodies carry (same digits as real ones).
-    fake_page: i64,
     tally: Tally,
 }
 
@@ -426,7 +453,7 @@ impl Worker {
             reply_bytes: vec![0; steps],
             ..Tally::default()
         };
-        Worker { client, mode, fixture, run, rng: Rng::new(id), prev: Vec::new(), fake_page: 0, tally }
+        Worker { client, mode, fixture, run, rng: Rng::new(id), prev: Vec::new(), tally }
     }
 
     /// Runs iterations until the deadline or the request bound.
@@ -462,7 +489,9 @@ impl Worker {
         let (route, status) = self.fixture.workload.steps()[step];
         let (path, status) = match &self.mode {
             Mode::Real => (route, status),
-            Mode::Floor { replies } => (replies[step].as_str(), if replies[step].ends_with("=0") { 204 } else { 200 }),
+            Mode::Floor { replies, .. } => {
+                (replies[step].as_str(), if replies[step].ends_with("=0") { 204 } else { 200 })
+            }
         };
         let len = body.len() as u64;
         let start = Instant::now();
@@ -483,14 +512,14 @@ impl Worker {
         matches!(self.mode, Mode::Floor { .. })
     }
 
-    /// `(key, page)` pairs to confirm: the allocation's, or made-up ones of the same size.
-    fn confirmations(&mut self, keys: &[String], reply: &Response) -> Result<String, String> {
-        if self.floor() {
-            let first = self.fake_page;
-            self.fake_page = (self.fake_page + keys.len() as i64) % i64::from(POOL_PAGES);
-            return Ok(confirm_body(keys.iter().zip(first..).map(|(k, p)| (k.as_str(), p))));
-        }
-        let pages = parse_allocate(&reply.body)?;
+    /// `(key, page)` pairs to confirm: the allocation's (on the floor: those of a real reply of
+    /// the same size, parsed the same way).
+    fn confirmations(&self, keys: &[String], reply: &Response) -> Result<String, String> {
+        let reply = match &self.mode {
+            Mode::Floor { allocate_reply: Some(r), .. } => r,
+            _ => &reply.body[..],
+        };
+        let pages = parse_allocate(reply)?;
         if pages.len() != keys.len() || pages.iter().any(|&(_, p)| p < 0) {
             return Err(format!("batch_allocate: expected {} fresh pages, got {}", keys.len(), pages.len()));
         }
@@ -608,5 +637,12 @@ mod tests {
         );
         let parsed = parse_allocate(br#"{"rank":0,"results":[["a",1],["b",-1]]}"#).unwrap();
         assert_eq!(parsed, vec![("a", 1), ("b", -1)]);
+        // The floor's stand-in reply parses like a real one: n pairs of a 32-hex key and a page.
+        let floor = allocate_reply(3);
+        let pairs = parse_allocate(&floor).unwrap();
+        assert_eq!(
+            pairs.iter().map(|&(k, p)| (k.len(), p)).collect::<Vec<_>>(),
+            [(32, 500_000), (32, 500_001), (32, 500_002)]
+        );
     }
 }
