@@ -103,19 +103,30 @@ impl Key {
     }
 }
 
+/// The 32 lowercase hex digits of a packed key.
+struct HexText([u8; 32]);
+
+impl HexText {
+    fn new(bytes: &[u8; 16]) -> HexText {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 32];
+        for (i, b) in bytes.iter().enumerate() {
+            buf[2 * i] = DIGITS[usize::from(b >> 4)];
+            buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+        HexText(buf)
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits: always UTF-8.
+        core::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Key::Hex(bytes) => {
-                const DIGITS: &[u8; 16] = b"0123456789abcdef";
-                let mut buf = [0u8; 32];
-                for (i, b) in bytes.iter().enumerate() {
-                    buf[2 * i] = DIGITS[usize::from(b >> 4)];
-                    buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
-                }
-                // The buffer holds only ASCII hex digits.
-                f.write_str(core::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
-            }
+            Key::Hex(bytes) => f.write_str(HexText::new(bytes).as_str()),
             Key::Text(s) => f.write_str(s),
         }
     }
@@ -130,7 +141,12 @@ impl fmt::Debug for Key {
 #[cfg(feature = "serde")]
 impl serde::Serialize for Key {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        // The key's text, as a string (not `collect_str`: no formatting machinery per key in
+        // snapshots).
+        match self {
+            Key::Hex(bytes) => s.serialize_str(HexText::new(bytes).as_str()),
+            Key::Text(t) => s.serialize_str(t),
+        }
     }
 }
 

@@ -363,7 +363,7 @@ pub struct KeyText<'a>(pub &'a Key);
 
 impl Serialize for KeyText<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self.0)
+        self.0.serialize(s)
     }
 }
 
