@@ -46,22 +46,6 @@ impl fmt::Display for KeyError {
     }
 }
 
-/// The value of each lowercase hex digit; 0xff for every other byte.
-static HEX_VAL: [u8; 256] = {
-    let mut t = [0xffu8; 256];
-    let mut i = 0;
-    while i < 10 {
-        t[b'0' as usize + i] = i as u8;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 6 {
-        t[b'a' as usize + i] = 10 + i as u8;
-        i += 1;
-    }
-    t
-};
-
 impl Key {
     /// Parses a key as sent on the wire.
     pub fn parse(s: &str) -> Result<Key, KeyError> {
@@ -79,19 +63,23 @@ impl Key {
 
     /// The 16 bytes of a 32-character lowercase hex string; `None` for any other input.
     pub(crate) fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
-        if b.len() != 32 {
-            return None;
+        let b: &[u8; 32] = b.try_into().ok()?;
+        // Branch-free arithmetic over all 32 bytes (the compiler vectorizes it), one check at
+        // the end: a byte that is neither '0'..='9' nor 'a'..='f' sets `bad`.
+        let mut val = [0u8; 32];
+        let mut bad = false;
+        for (v, &c) in val.iter_mut().zip(b) {
+            let digit = c.wrapping_sub(b'0');
+            let letter = c.wrapping_sub(b'a');
+            let (is_digit, is_letter) = (digit < 10, letter < 6);
+            bad |= !(is_digit | is_letter);
+            *v = if is_digit { digit } else { letter.wrapping_add(10) };
         }
-        // Branch-free over the 32 bytes (one table load each), one check at the end: a byte
-        // that is no lowercase hex digit maps to 0xff, whose high bits survive the OR.
         let mut out = [0u8; 16];
-        let mut bad = 0u8;
-        for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
-            let (hi, lo) = (HEX_VAL[usize::from(pair[0])], HEX_VAL[usize::from(pair[1])]);
-            bad |= hi | lo;
-            *o = (hi << 4) | lo;
+        for (o, pair) in out.iter_mut().zip(val.chunks_exact(2)) {
+            *o = (pair[0] << 4) | (pair[1] & 0xf);
         }
-        (bad & 0xf0 == 0).then_some(out)
+        (!bad).then_some(out)
     }
 
     /// Length of the key's text in bytes.
