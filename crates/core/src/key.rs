@@ -92,10 +92,10 @@ impl Key {
 }
 
 /// The 32 lowercase hex digits of a packed key.
-struct HexText([u8; 32]);
+pub(crate) struct HexText([u8; 32]);
 
 impl HexText {
-    fn new(bytes: &[u8; 16]) -> HexText {
+    pub(crate) fn new(bytes: &[u8; 16]) -> HexText {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut buf = [0u8; 32];
         for (i, b) in bytes.iter().enumerate() {
@@ -105,7 +105,7 @@ impl HexText {
         HexText(buf)
     }
 
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // Only ASCII hex digits: always UTF-8.
         core::str::from_utf8(&self.0).unwrap_or_default()
     }

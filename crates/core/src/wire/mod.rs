@@ -73,6 +73,11 @@ impl Answer {
         }
     }
 
+    /// 200 with these JSON bytes.
+    fn ok(body: Vec<u8>) -> Answer {
+        Answer { status: 200, body, code: None }
+    }
+
     /// 204 with an empty body.
     fn no_content() -> Answer {
         Answer { status: 204, body: Vec::new(), code: None }

@@ -9,10 +9,9 @@ use std::vec::Vec;
 
 use serde::Serialize;
 use serde::de::{self, MapAccess};
-use serde::ser::{SerializeSeq, SerializeStruct};
 
 use super::fast;
-use super::json::{KeyPage, KeyPair, KeyStr, KeyText, List, Members, Object, U32, decode, missing, value};
+use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
 use crate::command::{Allocation, Command, Reply, Space};
 use crate::error::Error;
@@ -114,7 +113,7 @@ pub(super) fn answer(route: Route, command: Command, result: Result<Reply, Error
             Ok(Answer::json(&Message { message: format!("Rank {rank} initialized with {num_pages} pages") }))
         }
         (Route::Allocate, Reply::Allocated(results), Command::Allocate { rank, keys, .. }) => {
-            Ok(Answer::json(&Allocated { rank: *rank, keys, results: &results }))
+            Ok(Answer::ok(allocated_json(*rank, keys, &results)))
         }
         (Route::Confirm, Reply::Confirmed(_), _) => Ok(Answer::no_content()),
         (Route::Exists, Reply::Exists(exists), _) => Ok(Answer::json(&ExistsReply { exists })),
@@ -274,30 +273,55 @@ fn decode_rank_keys<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<
     Ok((b.rank.expect("checked in finish").0, b.keys))
 }
 
-struct Allocated<'a> {
-    rank: u32,
-    keys: &'a [Key],
-    results: &'a [Allocation],
-}
-
-impl Serialize for Allocated<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Results<'a>(&'a Allocated<'a>);
-        impl Serialize for Results<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut seq = s.serialize_seq(Some(self.0.results.len()))?;
-                for a in self.0.results {
-                    let page = a.page.map_or(-1, i64::from);
-                    seq.serialize_element(&(KeyText(&self.0.keys[a.index as usize]), page))?;
-                }
-                seq.end()
+/// batch_allocate's reply, `{"rank":R,"results":[[key,page],...]}` (page -1 when none), written
+/// directly: the bytes serde_json would write (compact; keys escaped by serde_json itself unless
+/// they are packed hex, which needs no escape), without a serializer call per key.
+fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + results.len() * 44);
+    out.extend_from_slice(b"{\"rank\":");
+    push_int(&mut out, i64::from(rank));
+    out.extend_from_slice(b",\"results\":[");
+    for (i, a) in results.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        match &keys[a.index as usize] {
+            Key::Hex(bytes) => {
+                out.push(b'"');
+                out.extend_from_slice(crate::key::HexText::new(bytes).as_str().as_bytes());
+                out.push(b'"');
+            }
+            Key::Text(text) => {
+                // Writing to a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut out, &**text);
             }
         }
-        let mut st = s.serialize_struct("Allocated", 2)?;
-        st.serialize_field("rank", &self.rank)?;
-        st.serialize_field("results", &Results(self))?;
-        st.end()
+        out.push(b',');
+        push_int(&mut out, a.page.map_or(-1, i64::from));
+        out.push(b']');
     }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// `v` in decimal, as JSON writes an integer.
+fn push_int(out: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    let mut n = v.unsigned_abs();
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 #[derive(Default)]
@@ -373,6 +397,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::key::MAX_KEY_LEN;
 
     /// A tiny deterministic generator (the test's seed comes from proptest).
     struct Gen(u64);
@@ -568,6 +593,37 @@ mod tests {
                 let edited = mutate(&mut g, &body);
                 agree(route, &edited);
             }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_allocate_reply_is_what_serde_json_writes(
+            rank in any::<u32>(),
+            texts in proptest::collection::vec(
+                prop_oneof![
+                    "[0-9a-f]{32}",
+                    "[0-9a-fA-F]{32}",
+                    any::<String>().prop_filter("a key", |s| !s.is_empty() && s.len() <= MAX_KEY_LEN),
+                ],
+                0..12,
+            ),
+            pages in proptest::collection::vec(proptest::option::of(any::<u32>()), 12),
+        ) {
+            let keys: Vec<Key> = texts.iter().map(|t| Key::parse(t).unwrap()).collect();
+            let results: Vec<Allocation> = (0..keys.len())
+                .rev()
+                .map(|i| Allocation { index: i as u32, page: pages[i], cached: false })
+                .collect();
+            let want = serde_json::json!({
+                "rank": rank,
+                "results": results
+                    .iter()
+                    .map(|a| serde_json::json!([texts[a.index as usize], a.page.map_or(-1, i64::from)]))
+                    .collect::<Vec<_>>(),
+            });
+            let got = allocated_json(rank, &keys, &results);
+            prop_assert_eq!(String::from_utf8(got).unwrap(), serde_json::to_string(&want).unwrap());
         }
     }
 
