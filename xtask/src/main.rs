@@ -272,7 +272,8 @@ fn bench_smoke(bin: &Path) -> Result<()> {
     run(Command::new(bin)
         .args(["bench", "--duration", "0.1", "--warmup", "0", "--concurrency", "2", "--json"])
         .arg(bench::smoke_json()))?;
-    run(cargo().args(["bench", "-p", "kvpages-core", "--bench", "core", "--", "--test"]))
+    run(cargo().args(["bench", "-p", "kvpages-core", "--bench", "core", "--", "--test"]))?;
+    run(cargo().args(["bench", "-p", "kvpages-core", "--features", "wire", "--bench", "wire", "--", "--test"]))
 }
 
 fn serve(args: &[String]) -> Result<()> {

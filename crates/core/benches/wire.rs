@@ -1,0 +1,147 @@
+//! Criterion benchmarks of the HTTP API as data (`kvpages_core::wire`): decoding the bodies the
+//! vLLM connector sends, and a whole request (decode, apply, encode) without the transport.
+//!
+//! `decode/fast` bodies are what the clients send; the `decode/full` bodies are the same with one
+//! unknown member added, which the fast path leaves to the full decoder (serde with the strict
+//! checks), so the two columns compare both decoders on the same keys in the same run.
+//! `cargo bench -p kvpages-core --features wire --bench wire -- --test` runs each once (CI).
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvpages_core::wire::{self, Parsed};
+use kvpages_core::{Core, Settings};
+
+/// The `i`-th distinct 32-hex key's text.
+fn key(i: u64) -> String {
+    let a = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let b = a.rotate_left(29).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    format!("{a:016x}{b:016x}")
+}
+
+fn quoted(keys: impl Iterator<Item = String>) -> String {
+    keys.map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(",")
+}
+
+fn allocate_body(keys: std::ops::Range<u64>, extra: &str) -> String {
+    let pairs: Vec<String> = keys.map(|i| format!("[\"{}\",\"\"]", key(i))).collect();
+    format!("{{\"rank\":0,\"keys\":[{}]{extra}}}", pairs.join(","))
+}
+
+fn exists_body(keys: std::ops::Range<u64>, extra: &str) -> String {
+    format!("{{\"keys\":[{}]{extra}}}", quoted(keys.map(key)))
+}
+
+fn confirm_body(pairs: &[(String, i64)], extra: &str) -> String {
+    let pairs: Vec<String> = pairs.iter().map(|(k, p)| format!("[\"{k}\",{p}]")).collect();
+    format!("{{\"rank\":0,\"confirmations\":[{}],\"pages_to_release\":[]{extra}}}", pairs.join(","))
+}
+
+/// The `[key, page]` pairs of a batch_allocate reply.
+fn pairs_of(reply: &[u8]) -> Vec<(String, i64)> {
+    let v: serde_json::Value = serde_json::from_slice(reply).expect("JSON");
+    v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| (r[0].as_str().expect("key").to_owned(), r[1].as_i64().expect("page")))
+        .collect()
+}
+
+fn parsed(path: &str, body: &[u8]) -> wire::Pending {
+    match wire::parse("POST", path, body) {
+        Parsed::Apply(p) => p,
+        _ => panic!("{path} {}", String::from_utf8_lossy(body)),
+    }
+}
+
+fn decode(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decode");
+    let cases: [(&str, usize, fn(usize, &str) -> String); 4] = [
+        ("/keys/batch_exists", 32, |n, x| exists_body(0..n as u64, x)),
+        ("/keys/batch_exists", 1250, |n, x| exists_body(0..n as u64, x)),
+        ("/keys/batch_allocate", 32, |n, x| allocate_body(0..n as u64, x)),
+        ("/keys/batch_allocate", 128, |n, x| allocate_body(0..n as u64, x)),
+    ];
+    for (path, n, body) in cases {
+        g.throughput(Throughput::Elements(n as u64));
+        let name = format!("{}-{n}", path.trim_start_matches("/keys/"));
+        for (decoder, extra) in [("fast", ""), ("full", ",\"x\":0")] {
+            let b = body(n, extra);
+            g.bench_with_input(BenchmarkId::new(decoder, &name), b.as_bytes(), |bench, b| {
+                bench.iter(|| black_box(parsed(path, b)))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// One request at a time on a core whose rank has 10^6 pages and 16,384 stored keys: parse,
+/// apply, encode the answer (what a route does besides the transport and the engine lock).
+fn request(c: &mut Criterion) {
+    let mut g = c.benchmark_group("request");
+    let mut core = Core::new(7, Settings::default());
+    let init = parsed("/rank/0/initialize", br#"{"num_pages":1000000}"#);
+    let r = core.apply(0, init.command());
+    assert_eq!(init.answer(r).status, 200);
+    let mut next = 0u64;
+    let mut now = 1u64;
+    let mut store = |core: &mut Core, n: u64, now: u64| -> Vec<(String, i64)> {
+        let p = parsed("/keys/batch_allocate", allocate_body(next..next + n, "").as_bytes());
+        next += n;
+        let r = core.apply(now, p.command());
+        pairs_of(&p.answer(r).body)
+    };
+    for _ in 0..128 {
+        let pairs = store(&mut core, 128, now);
+        let p = parsed("/keys/confirm_write", confirm_body(&pairs, "").as_bytes());
+        let r = core.apply(now, p.command());
+        assert_eq!(p.answer(r).status, 204);
+        now += 1;
+    }
+    // A save: allocate 32 fresh keys, confirm them, delete them (so the state stays the same).
+    // Only the server's part is timed: writing the bodies and reading the allocate reply, as
+    // the client does, happen outside.
+    g.throughput(Throughput::Elements(32));
+    g.bench_function("allocate-confirm-delete-32", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                now += 1;
+                let body = allocate_body(next..next + 32, "");
+                next += 32;
+                let t = std::time::Instant::now();
+                let p = parsed("/keys/batch_allocate", body.as_bytes());
+                let r = core.apply(now, p.command());
+                let answer = black_box(p.answer(r));
+                spent += t.elapsed();
+                let pairs = pairs_of(&answer.body);
+                let confirm = confirm_body(&pairs, "");
+                let delete = format!("{{\"keys\":[{}]}}", quoted(pairs.into_iter().map(|(k, _)| k)));
+                let t = std::time::Instant::now();
+                for (path, body) in [("/keys/confirm_write", confirm), ("/keys/delete", delete)] {
+                    let p = parsed(path, body.as_bytes());
+                    let r = core.apply(now, p.command());
+                    black_box(p.answer(r));
+                }
+                spent += t.elapsed();
+            }
+            spent
+        })
+    });
+    // A lookup of 1,250 keys, half of them stored.
+    let keys = (0..1250u64).map(|i| if i % 2 == 0 { key(i * 7) } else { key((1 << 40) + i) });
+    let body = format!("{{\"keys\":[{}]}}", quoted(keys));
+    g.throughput(Throughput::Elements(1250));
+    g.bench_function("exists-1250", |b| {
+        b.iter(|| {
+            let p = parsed("/keys/batch_exists", body.as_bytes());
+            let r = core.apply(now, p.command());
+            black_box(p.answer(r))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, request);
+criterion_main!(benches);
