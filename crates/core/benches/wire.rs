@@ -55,9 +55,12 @@ fn parsed(path: &str, body: &[u8]) -> wire::Pending {
     }
 }
 
+/// A body of n keys, with `extra` before its closing brace.
+type BodyOf = fn(usize, &str) -> String;
+
 fn decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode");
-    let cases: [(&str, usize, fn(usize, &str) -> String); 4] = [
+    let cases: [(&str, usize, BodyOf); 4] = [
         ("/keys/batch_exists", 32, |n, x| exists_body(0..n as u64, x)),
         ("/keys/batch_exists", 1250, |n, x| exists_body(0..n as u64, x)),
         ("/keys/batch_allocate", 32, |n, x| allocate_body(0..n as u64, x)),
