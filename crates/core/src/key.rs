@@ -14,12 +14,24 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// A 32-character lowercase hex key (what vLLM and SGLang send) is stored as its 16 bytes;
 /// anything else is kept as the exact string. The two forms never describe the same text,
 /// so equality and hashing stay exact, and [`fmt::Display`] gives back the text that was sent.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Key {
     /// 32 lowercase hex characters, packed.
     Hex([u8; 16]),
     /// Any other key, verbatim.
     Text(Box<str>),
+}
+
+/// A packed key is hashed as one 128-bit number (one multiply in foldhash, the key table's
+/// hasher), any other key as its text. Equal keys are the same variant with the same content,
+/// so they hash alike.
+impl core::hash::Hash for Key {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Key::Hex(bytes) => state.write_u128(u128::from_le_bytes(*bytes)),
+            Key::Text(s) => s.hash(state),
+        }
+    }
 }
 
 /// Why a string is not a valid key.
