@@ -13,7 +13,7 @@ use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Core, Deadlines, LeaseEnd, PageDeadline, SpaceState};
+use super::{Core, Deadlines, Leases, PageDeadline, SpaceState};
 use crate::command::{Counters, Settings, Space};
 use crate::key::Key;
 use crate::keys::{Entry, KeyTable, RankPages};
@@ -191,7 +191,7 @@ fn space_out(sp: &SpaceState) -> SpaceImage {
         reservations: deadlines_out(&sp.reservations),
         expired: deadlines_out(&sp.expired),
         held: deadlines_out(&sp.held),
-        leases: sp.leases.0.iter().map(|l| (l.at, l.slot)).collect(),
+        leases: sp.leases.queue.iter().copied().collect(),
         next_generation: sp.next_generation,
         counters: sp.counters,
     }
@@ -241,6 +241,10 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
     keys.newest = img.newest;
     keys.oldest = img.oldest;
     keys.rebuild_index()?;
+    // The latest lease end handed out: past every queued end and every key's lease.
+    let queue: alloc::collections::BTreeSet<(u64, u32)> = img.leases.into_iter().collect();
+    let last = keys.entries().map(|(_, e)| e.lease_until).chain(queue.last().map(|l| l.0)).max().unwrap_or(0);
+    let leases = Leases { queue, last };
     Ok(SpaceState {
         order: img.order,
         ranks,
@@ -248,7 +252,7 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
         reservations: deadlines_in(img.reservations),
         expired: deadlines_in(img.expired),
         held: deadlines_in(img.held),
-        leases: Deadlines(img.leases.into_iter().map(|(at, slot)| LeaseEnd { at, slot }).collect()),
+        leases,
         next_generation: img.next_generation,
         counters: img.counters,
     })
