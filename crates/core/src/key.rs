@@ -117,6 +117,11 @@ impl HexText {
         HexText(buf)
     }
 
+    /// The digits as bytes (no UTF-8 check: for writers of JSON).
+    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         // Only ASCII hex digits: always UTF-8.
         core::str::from_utf8(&self.0).unwrap_or_default()

@@ -289,7 +289,7 @@ fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Vec<u8> {
         match &keys[a.index as usize] {
             Key::Hex(bytes) => {
                 out.push(b'"');
-                out.extend_from_slice(crate::key::HexText::new(bytes).as_str().as_bytes());
+                out.extend_from_slice(crate::key::HexText::new(bytes).as_bytes());
                 out.push(b'"');
             }
             Key::Text(text) => {
