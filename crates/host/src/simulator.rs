@@ -3,10 +3,11 @@
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
+use crate::api::{ApiError, ErrorCode};
 use crate::server::App;
 
 /// Every embedded file: path under `/simulator/`, bytes. Empty when built without the module.
@@ -32,27 +33,14 @@ fn content_type(path: &str) -> &'static str {
 
 fn asset(path: &str) -> Response {
     if !embedded() {
-        let detail = "this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages-host)";
-        return (
-            StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "application/json")],
-            serde_json::json!({ "detail": detail }).to_string(),
-        )
-            .into_response();
+        let why = "this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages-host)";
+        return ApiError::because(ErrorCode::RouteNotFound, why).into_response();
     }
     match ASSETS.iter().find(|(name, _)| *name == path) {
         Some((_, bytes)) => {
             ([(header::CONTENT_TYPE, content_type(path)), (header::CACHE_CONTROL, "no-cache")], *bytes).into_response()
         }
-        None => {
-            let detail = format!("no simulator file '{path}'");
-            (
-                StatusCode::NOT_FOUND,
-                [(header::CONTENT_TYPE, "application/json")],
-                serde_json::json!({ "detail": detail }).to_string(),
-            )
-                .into_response()
-        }
+        None => ApiError::because(ErrorCode::RouteNotFound, format_args!("no simulator file '{path}'")).into_response(),
     }
 }
 
@@ -67,6 +55,19 @@ pub(crate) fn routes() -> Router<App> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_missing_file_is_a_catalogued_404() {
+        let resp = asset("no/such.file");
+        assert_eq!(resp.status(), axum::http::StatusCode::NOT_FOUND);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+        let want = if embedded() {
+            r#"{"detail":"Not Found (no simulator file 'no/such.file')"}"#
+        } else {
+            r#"{"detail":"Not Found (this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages-host))"}"#
+        };
+        assert_eq!(std::str::from_utf8(&body).unwrap(), want);
+    }
 
     #[test]
     fn content_types_cover_the_page() {

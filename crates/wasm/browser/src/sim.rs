@@ -483,8 +483,9 @@ impl Sim {
             // The server's own routes (/health, /metrics, SGLang file import/export) read host
             // state a simulation does not have.
             wire::Parsed::Host(route) => {
-                let detail = format!("{route} is served by kvpages serve itself, not by the simulator");
-                (404, serde_json::json!({ "detail": detail }).to_string().into_bytes(), None)
+                let why = format!("{route} is served by kvpages serve itself, not by the simulator");
+                let a = wire::Failure::because(wire::ErrorCode::RouteNotFound, why).answer();
+                (a.status, a.body, None)
             }
             wire::Parsed::Apply(p) => {
                 let result = self.core.apply(self.now, p.command());
