@@ -42,7 +42,8 @@ struct PageDeadline {
 /// whose slot now holds another key) is dropped when it comes due.
 #[derive(Clone, Debug, Default)]
 struct Leases {
-    queue: alloc::collections::BTreeSet<(Millis, u32)>,
+    /// A min-heap (an array: no allocation per entry); snapshots write it sorted.
+    queue: alloc::collections::BinaryHeap<core::cmp::Reverse<(Millis, u32)>>,
     /// The latest lease end handed out: a new end is never below it (after `read_lease` was
     /// lowered, newer leases end no sooner than older ones).
     last: Millis,
@@ -187,10 +188,10 @@ impl SpaceState {
                 }
             }
         }
-        while let Some(&(at, slot)) = self.leases.queue.first()
+        while let Some(&core::cmp::Reverse((at, slot))) = self.leases.queue.peek()
             && at <= now
         {
-            self.leases.queue.pop_first();
+            self.leases.queue.pop();
             let Some(until) = self.keys.get_live(slot).map(|e| e.lease_until).filter(|&u| u > 0) else {
                 continue;
             };
@@ -198,7 +199,7 @@ impl SpaceState {
                 self.set_unleased(slot);
             } else if until > at {
                 // Extended since this entry was queued: it ends later.
-                self.leases.queue.insert((until, slot));
+                self.leases.queue.push(core::cmp::Reverse((until, slot)));
             }
         }
         self.reservations.shrink();
@@ -272,7 +273,7 @@ impl SpaceState {
             for (rank, _) in e.pages.iter() {
                 self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(1);
             }
-            self.leases.queue.insert((at, slot));
+            self.leases.queue.push(core::cmp::Reverse((at, slot)));
         }
         if at > e.lease_until {
             self.keys.get_mut(slot).lease_until = at;
@@ -940,8 +941,9 @@ impl Core {
             let (reservations, expired, held) = (queued(&sp.reservations), queued(&sp.expired), queued(&sp.held));
             // The earliest queued end of each slot.
             let mut leases: BTreeMap<u32, Millis> = BTreeMap::new();
-            for &(at, slot) in sp.leases.queue.iter().rev() {
-                leases.insert(slot, at);
+            for &core::cmp::Reverse((at, slot)) in sp.leases.queue.iter() {
+                let earliest = leases.entry(slot).or_insert(at);
+                *earliest = (*earliest).min(at);
             }
             let pending = |q: &alloc::collections::BTreeSet<(u32, u32, u32)>, rank: u32, page: u32, generation: u32| {
                 q.contains(&(rank, page, generation))

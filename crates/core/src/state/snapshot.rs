@@ -191,7 +191,11 @@ fn space_out(sp: &SpaceState) -> SpaceImage {
         reservations: deadlines_out(&sp.reservations),
         expired: deadlines_out(&sp.expired),
         held: deadlines_out(&sp.held),
-        leases: sp.leases.queue.iter().copied().collect(),
+        leases: {
+            let mut ends: Vec<(u64, u32)> = sp.leases.queue.iter().map(|e| e.0).collect();
+            ends.sort_unstable();
+            ends
+        },
         next_generation: sp.next_generation,
         counters: sp.counters,
     }
@@ -242,8 +246,8 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
     keys.oldest = img.oldest;
     keys.rebuild_index()?;
     // The latest lease end handed out: past every queued end and every key's lease.
-    let queue: alloc::collections::BTreeSet<(u64, u32)> = img.leases.into_iter().collect();
-    let last = keys.entries().map(|(_, e)| e.lease_until).chain(queue.last().map(|l| l.0)).max().unwrap_or(0);
+    let last = keys.entries().map(|(_, e)| e.lease_until).chain(img.leases.iter().map(|l| l.0)).max().unwrap_or(0);
+    let queue = img.leases.into_iter().map(core::cmp::Reverse).collect();
     let leases = Leases { queue, last };
     Ok(SpaceState {
         order: img.order,
