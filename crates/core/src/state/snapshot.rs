@@ -192,7 +192,8 @@ fn space_out(sp: &SpaceState) -> SpaceImage {
         expired: deadlines_out(&sp.expired),
         held: deadlines_out(&sp.held),
         leases: {
-            let mut ends: Vec<(u64, u32)> = sp.leases.queue.iter().map(|e| e.0).collect();
+            // The live entries (one per running lease), sorted: stale ones change nothing.
+            let mut ends: Vec<(u64, u32)> = sp.leases.queued.iter().map(|(&slot, &at)| (at, slot)).collect();
             ends.sort_unstable();
             ends
         },
@@ -246,9 +247,19 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
     keys.oldest = img.oldest;
     keys.rebuild_index()?;
     // The latest lease end handed out: past every queued end and every key's lease.
-    let last = keys.entries().map(|(_, e)| e.lease_until).chain(img.leases.iter().map(|l| l.0)).max().unwrap_or(0);
-    let queue = img.leases.into_iter().map(core::cmp::Reverse).collect();
-    let leases = Leases { queue, last };
+    // Each running lease's live end: its latest queued end not past `lease_until` (images of
+    // older writers queued one entry per extension, the live one at exactly `lease_until`).
+    let mut leases = Leases::default();
+    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
+    for (at, slot) in img.leases {
+        if keys.get_live(slot).is_some_and(|e| e.lease_until > 0 && at <= e.lease_until) {
+            let best = live.entry(slot).or_insert(at);
+            *best = (*best).max(at);
+        }
+    }
+    for (slot, at) in live {
+        leases.start(at, slot);
+    }
     Ok(SpaceState {
         order: img.order,
         ranks,
