@@ -440,7 +440,6 @@ pub(super) struct Worker {
     rng: Rng,
     /// The cycle's previous fresh keys: cached blocks of the next prompt.
     prev: Vec<String>,
-    /// Page numbers the floor's confirm bodies carry (same digits as real ones).
     tally: Tally,
 }
 
