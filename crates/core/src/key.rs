@@ -118,6 +118,7 @@ impl HexText {
     }
 
     /// The digits as bytes (no UTF-8 check: for writers of JSON).
+    #[cfg(feature = "wire")]
     pub(crate) fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
