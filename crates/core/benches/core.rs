@@ -18,11 +18,11 @@ const POOL_SIZES: [u32; 6] = [1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100
 const BATCH: usize = 32;
 const MAX_STORED: u32 = 65_536;
 
+mod common;
+
 /// The `i`-th distinct 32-hex key.
 fn key(i: u64) -> Key {
-    let a = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let b = a.rotate_left(29).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    Key::parse(&format!("{a:016x}{b:016x}")).expect("32 hex digits")
+    Key::parse(&common::key_text(i)).expect("32 hex digits")
 }
 
 fn keys(range: std::ops::Range<u64>) -> Vec<Key> {

@@ -12,12 +12,9 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use kvpages_core::wire::{self, Parsed};
 use kvpages_core::{Core, Settings};
 
-/// The `i`-th distinct 32-hex key's text.
-fn key(i: u64) -> String {
-    let a = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    let b = a.rotate_left(29).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    format!("{a:016x}{b:016x}")
-}
+mod common;
+
+use common::key_text as key;
 
 fn quoted(keys: impl Iterator<Item = String>) -> String {
     keys.map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(",")

@@ -122,6 +122,11 @@ fn spread(tag: u32) -> u64 {
     u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// Whether index entry `x` is `key`, whose tag is `tag`.
+fn is(slots: &[Option<Entry>], x: Indexed, tag: u32, key: &Key) -> bool {
+    x.tag == tag && slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key)
+}
+
 /// "No slot": the end of the recency list.
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -175,14 +180,9 @@ impl KeyTable {
         tag(self.hasher.hash_one(key))
     }
 
-    /// Whether index entry `x` is `key`, whose tag is `tag`.
-    fn is(&self, x: Indexed, tag: u32, key: &Key) -> bool {
-        x.tag == tag && self.slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key)
-    }
-
     pub(crate) fn find(&self, key: &Key) -> Option<u32> {
         let tag = self.tag_of(key);
-        self.index.find(spread(tag), |&x| self.is(x, tag, key)).map(|x| x.slot)
+        self.index.find(spread(tag), |&x| is(&self.slots, x, tag, key)).map(|x| x.slot)
     }
 
     /// The entry at `slot`, if the slot is live.
@@ -202,8 +202,7 @@ impl KeyTable {
     pub(crate) fn find_or_insert(&mut self, key: &Key) -> u32 {
         let tag = self.tag_of(key);
         let slots = &self.slots;
-        let is = |x: &Indexed| x.tag == tag && slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key);
-        let vacant = match self.index.entry(spread(tag), is, |x| x.hash()) {
+        let vacant = match self.index.entry(spread(tag), |&x| is(slots, x, tag, key), |x| x.hash()) {
             hashbrown::hash_table::Entry::Occupied(o) => return o.get().slot,
             hashbrown::hash_table::Entry::Vacant(v) => v,
         };
@@ -320,7 +319,7 @@ impl KeyTable {
                 self.committed += 1;
             }
             let tag = self.tag_of(&e.key);
-            if self.index.find(spread(tag), |&x| self.is(x, tag, &e.key)).is_some() {
+            if self.index.find(spread(tag), |&x| is(&self.slots, x, tag, &e.key)).is_some() {
                 return Err(alloc::format!("key {:?} is stored twice", e.key));
             }
             self.index.insert_unique(spread(tag), Indexed { slot: slot as u32, tag }, |x| x.hash());

@@ -5,7 +5,6 @@ use std::vec::Vec;
 
 use serde::Serialize;
 
-use super::json::KeyText;
 use super::{Answer, ErrorCode, Failure, HostInfo, Parsed, Shape, apply, unexpected, unexpected_refusal};
 use crate::command::{Command, Counters, Eviction, Reply, Space};
 use crate::error::Error;
@@ -148,7 +147,7 @@ struct PageOut {
 
 #[derive(Serialize)]
 struct KeyOut<'a> {
-    key: KeyText<'a>,
+    key: &'a Key,
     complete: bool,
     pages: Vec<PageOut>,
     reservations: u32,
@@ -168,7 +167,7 @@ pub(super) fn inspect(command: Command, result: Result<Reply, Error>) -> Result<
         other => return Err(unexpected(&other)),
     };
     Ok(Answer::json(&KeyOut {
-        key: KeyText(&info.key),
+        key: &info.key,
         complete: info.complete,
         pages: info.pages.iter().map(|&(rank, page)| PageOut { rank, page }).collect(),
         reservations: info.reservations,

@@ -18,7 +18,7 @@ use std::string::{String, ToString};
 use std::vec::Vec;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::key::{Key, MAX_KEY_LEN};
 
@@ -355,16 +355,6 @@ where
 /// `member 'name' is missing`.
 pub fn missing<E: de::Error>(name: &str) -> E {
     E::custom(format_args!("member '{name}' is missing"))
-}
-
-/// A key serialized as the exact text the client sent.
-#[derive(Debug)]
-pub struct KeyText<'a>(pub &'a Key);
-
-impl Serialize for KeyText<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
 }
 
 #[cfg(test)]

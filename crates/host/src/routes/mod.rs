@@ -179,6 +179,3 @@ pub(crate) fn fault(e: EngineError) -> ApiError {
 pub(crate) fn unexpected(reply: &Reply) -> ApiError {
     ApiError::because(ErrorCode::EngineFault, format_args!("unexpected reply {reply:?}"))
 }
-
-/// A key serialized as the exact text the client sent (SGLang's persistence file uses it).
-pub(crate) use kvpages_core::wire::json::KeyText;

@@ -10,7 +10,6 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeStruct};
 use serde::{Deserialize, Serialize};
 
-use super::KeyText;
 use super::sglang::MAX_NAMESPACE_LEN;
 use crate::wire::{KeyPage, List, Members, Object, U32, decode, missing, value};
 
@@ -162,7 +161,7 @@ pub(crate) fn render(pools: &[SglangPool]) -> Vec<u8> {
     struct Keys<'a>(&'a [(Key, u32)]);
     impl Serialize for Keys<'_> {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.collect_seq(self.0.iter().map(|(k, p)| (KeyText(k), p)))
+            s.collect_seq(self.0.iter().map(|(k, p)| (k, p)))
         }
     }
     impl Serialize for PoolOut<'_> {
