@@ -431,9 +431,17 @@ impl Core {
             Command::Inspect { space, key } => {
                 Ok(Reply::Key(self.inspect(now, space, key).map(alloc::boxed::Box::new)))
             }
-            Command::Clear { space } => Ok(self.clear(space)),
+            // Counts and lists are taken after the clock has acted, so they are the same whether
+            // or not a read (Stats) drained the due deadlines first.
+            Command::Clear { space } => {
+                self.space_mut(space, now);
+                Ok(self.clear(space))
+            }
             Command::ImportSglang { pools, replace } => self.import_sglang(now, pools, *replace),
-            Command::ExportSglang => Ok(Reply::SglangPools(self.export_sglang())),
+            Command::ExportSglang => {
+                self.expire_all(now);
+                Ok(Reply::SglangPools(self.export_sglang()))
+            }
             Command::LeaseAll => {
                 let settings = self.settings;
                 let mut keys = 0u64;
@@ -449,6 +457,7 @@ impl Core {
                 Ok(Reply::Leased(keys))
             }
             Command::Reset { space } => {
+                self.space_mut(space, now);
                 let Some(old) = self.spaces.remove(space) else {
                     return Err(missing_space(space));
                 };
@@ -460,12 +469,17 @@ impl Core {
                 Ok(Reply::Cleared { ranks: 0, keys: old.keys.len() as u64 })
             }
             Command::Stats => {
-                let settings = self.settings;
-                for sp in self.spaces.values_mut() {
-                    sp.expire(&settings, now);
-                }
+                self.expire_all(now);
                 Ok(Reply::Stats(alloc::boxed::Box::new(self.stats())))
             }
+        }
+    }
+
+    /// Lets the clock act in every space (deadlines `<= now` run out).
+    fn expire_all(&mut self, now: Millis) {
+        let settings = self.settings;
+        for sp in self.spaces.values_mut() {
+            sp.expire(&settings, now);
         }
     }
 
@@ -1153,6 +1167,34 @@ mod tests {
         touch(&mut core, ttl);
         assert_eq!(core.spaces[&v].counters.expired_reservations, 1);
         core.check_invariants().unwrap();
+    }
+
+    /// Clear, Reset and ExportSglang answer as of `now`: the same whether or not a read
+    /// (Stats) let the clock act on a reservation that ran out just before (found by
+    /// `dropping_the_reads_changes_no_reply_and_no_state`).
+    #[test]
+    fn counts_and_exports_do_not_depend_on_an_earlier_read() {
+        let sglang = Space::Sglang { rank: 0, namespace: "ns".into() };
+        // No quarantine: a page whose reservation ran out goes straight back to the free list.
+        let settings = Settings { quarantine: 0, ..Settings::default() };
+        let ttl = settings.reservation_ttl;
+        for cmd in [Command::Clear { space: Space::Vllm }, Command::Reset { space: Space::Vllm }, Command::ExportSglang] {
+            let run = |read: bool| {
+                let mut core = Core::new(1, settings);
+                for space in [Space::Vllm, sglang.clone()] {
+                    core.apply(0, &Command::Initialize { space: space.clone(), rank: 0, num_pages: 3 }).unwrap();
+                    let keys = vec![Key::parse("a").unwrap(), Key::parse("b").unwrap()];
+                    core.apply(0, &Command::Allocate { space, rank: 0, keys }).unwrap();
+                }
+                if read {
+                    core.apply(ttl, &Command::Stats).unwrap();
+                }
+                let reply = core.apply(ttl, &cmd);
+                // Once the clock has acted everywhere, the states agree too.
+                (reply, core.apply(ttl, &Command::Stats), core.snapshot())
+            };
+            assert_eq!(run(true), run(false), "{cmd:?}");
+        }
     }
 
     #[test]

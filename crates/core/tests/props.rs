@@ -200,7 +200,9 @@ impl Interp {
     }
 }
 
+/// `cases` per property, or `PROPTEST_CASES` when set (a deeper run: `PROPTEST_CASES=20000`).
 fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     ProptestConfig { cases, max_shrink_iters: 2_000, ..ProptestConfig::default() }
 }
 
