@@ -230,6 +230,11 @@ fn test() -> Result<()> {
     run(cargo().args(["build", "-p", "kvpages-wasm", "--bin", "kvpages-sim"]))?;
     let lines = run_capture(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     let (rust_passed, rust_failed) = count_cargo(&lines);
+    // The core alone, without the features the host turns on (what `cargo test -p kvpages-core`
+    // builds): its unit tests must compile and pass there too.
+    let lines = run_capture(cargo().args(["test", "-p", "kvpages-core", "--lib", "--no-fail-fast"]))?;
+    let (core_passed, core_failed) = count_cargo(&lines);
+    let (rust_passed, rust_failed) = (rust_passed + core_passed, rust_failed + core_failed);
 
     step("Python: vLLM's client against the real server");
     let bin = root().join("target/debug/kvpages");

@@ -1096,6 +1096,7 @@ mod tests {
     use super::*;
     use alloc::vec;
 
+    #[cfg(feature = "serde")] // compares snapshots
     #[test]
     fn leases_cut_short_leave_no_lasting_entry_and_a_restored_core_goes_on_alike() {
         let v = Space::Vllm;
@@ -1172,6 +1173,7 @@ mod tests {
     /// Clear, Reset and ExportSglang answer as of `now`: the same whether or not a read
     /// (Stats) let the clock act on a reservation that ran out just before (found by
     /// `dropping_the_reads_changes_no_reply_and_no_state`).
+    #[cfg(feature = "serde")] // compares snapshots
     #[test]
     fn counts_and_exports_do_not_depend_on_an_earlier_read() {
         let sglang = Space::Sglang { rank: 0, namespace: "ns".into() };
