@@ -127,6 +127,15 @@ fn is(slots: &[Option<Entry>], x: Indexed, tag: u32, key: &Key) -> bool {
     x.tag == tag && slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key)
 }
 
+/// The slot the next new entry takes (the last vacated one, else a new one at `len`);
+/// [`KeyTable::fill`] takes it.
+fn next_slot(vacant: &[u32], len: usize) -> u32 {
+    match vacant.last() {
+        Some(&s) => s,
+        None => u32::try_from(len).expect("fewer than 2^32 keys"),
+    }
+}
+
 /// "No slot": the end of the recency list.
 pub(crate) const NIL: u32 = u32::MAX;
 
@@ -181,7 +190,12 @@ impl KeyTable {
     }
 
     pub(crate) fn find(&self, key: &Key) -> Option<u32> {
-        let tag = self.tag_of(key);
+        self.find_hashed(key, self.hasher.hash_one(key))
+    }
+
+    /// [`KeyTable::find`] for a key whose hash (`hasher().hash_one(key)`) is known.
+    pub(crate) fn find_hashed(&self, key: &Key, hash: u64) -> Option<u32> {
+        let tag = tag(hash);
         self.index.find(spread(tag), |&x| is(&self.slots, x, tag, key)).map(|x| x.slot)
     }
 
@@ -206,7 +220,26 @@ impl KeyTable {
             hashbrown::hash_table::Entry::Occupied(o) => return o.get().slot,
             hashbrown::hash_table::Entry::Vacant(v) => v,
         };
-        let entry = Entry {
+        let slot = next_slot(&self.vacant, self.slots.len());
+        vacant.insert(Indexed { slot, tag });
+        self.fill(slot, key);
+        slot
+    }
+
+    /// Creates an empty entry for `key`, which is not in the table (the caller found it absent
+    /// with [`KeyTable::find_hashed`] and inserted nothing since); `hash` is its hash. Skips the
+    /// second probe for a match that [`KeyTable::find_or_insert`] would make.
+    pub(crate) fn insert_absent(&mut self, key: &Key, hash: u64) -> u32 {
+        debug_assert!(self.find_hashed(key, hash).is_none(), "insert_absent of a present key");
+        let slot = next_slot(&self.vacant, self.slots.len());
+        self.index.insert_unique(spread(tag(hash)), Indexed { slot, tag: tag(hash) }, |x| x.hash());
+        self.fill(slot, key);
+        slot
+    }
+
+    /// Puts an empty entry for `key` at `slot`, the [`next_slot`] just indexed.
+    fn fill(&mut self, slot: u32, key: &Key) {
+        let entry = Some(Entry {
             key: key.clone(),
             pages: RankPages::None,
             reservations: 0,
@@ -214,18 +247,12 @@ impl KeyTable {
             newer: NIL,
             since_s: 0,
             lease_until: 0,
-        };
-        let slot = match self.vacant.last() {
-            Some(&s) => s,
-            None => u32::try_from(self.slots.len()).expect("fewer than 2^32 keys"),
-        };
-        vacant.insert(Indexed { slot, tag });
+        });
         if self.vacant.pop().is_some() {
-            self.slots[slot as usize] = Some(entry);
+            self.slots[slot as usize] = entry;
         } else {
-            self.slots.push(Some(entry));
+            self.slots.push(entry);
         }
-        slot
     }
 
     /// Whether `slot` is in the recency list.

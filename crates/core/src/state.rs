@@ -548,13 +548,18 @@ impl Core {
         }
         let world = world_count(&settings, sp);
 
-        // One entry per distinct key, at its first position.
+        // One entry per distinct key, at its first position, with its hash.
         let distinct = distinct_indices(sp.keys.hasher(), keys);
+        let find = |sp: &SpaceState| -> Vec<Option<u32>> {
+            distinct.iter().map(|&(i, hash)| sp.keys.find_hashed(&keys[i as usize], hash)).collect()
+        };
+        // Each distinct key's slot, if it has one.
+        let mut found = find(sp);
         // The slot and existing page of every key that is complete and stored on this rank.
-        let hits: Vec<Option<(u32, u32)>> = distinct
+        let hits: Vec<Option<(u32, u32)>> = found
             .iter()
-            .map(|&i| {
-                let slot = sp.keys.find(&keys[i as usize])?;
+            .map(|&slot| {
+                let slot = slot?;
                 let e = sp.keys.get(slot);
                 if is_complete(world, e.pages.len()) { e.pages.get(rank).map(|p| (slot, p)) } else { None }
             })
@@ -572,6 +577,8 @@ impl Core {
             if counts.free < fresh || n - u64::from(counts.free) + u64::from(fresh) > high {
                 let protected = hits.iter().flatten().next().map(|&(slot, _)| slot);
                 sp.make_room(&settings, now, rank, fresh, protected);
+                // Evicted keys lost their slots (hits are protected and keep theirs).
+                found = find(sp);
             }
         }
 
@@ -585,8 +592,11 @@ impl Core {
         // the pool covers the batch.
         let rotate = !per_key && free >= distinct.len();
         let serve_fresh = rotate || (settings.eviction == Eviction::Lru && free >= fresh as usize);
-        let mut reserve = |table: &mut KeyTable, pool: &mut Pool, index: u32, page: u32| {
-            let slot = table.find_or_insert(&keys[index as usize]);
+        // The `j`-th distinct key takes `page`.
+        let mut reserve = |table: &mut KeyTable, pool: &mut Pool, j: usize, page: u32| {
+            let (index, hash) = distinct[j];
+            // Distinct keys: one absent before its own insert stays absent until then.
+            let slot = found[j].unwrap_or_else(|| table.insert_absent(&keys[index as usize], hash));
             table.get_mut(slot).reservations += 1;
             let generation = *next_generation;
             *next_generation += 1;
@@ -603,22 +613,24 @@ impl Core {
             let taken: Vec<u32> = (0..distinct.len())
                 .map(|_| pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages"))
                 .collect();
-            for ((&index, hit), page) in distinct.iter().zip(&hits).zip(taken) {
+            for (j, (hit, page)) in hits.iter().zip(taken).enumerate() {
+                let index = distinct[j].0;
                 if let Some((_, existing)) = *hit {
                     pool.free(page);
                     out.push(Allocation { index, page: Some(existing), cached: true });
                 } else {
-                    reserve(table, pool, index, page);
+                    reserve(table, pool, j, page);
                     out.push(Allocation { index, page: Some(page), cached: false });
                 }
             }
         } else {
-            for (&index, hit) in distinct.iter().zip(&hits) {
+            for (j, hit) in hits.iter().enumerate() {
+                let index = distinct[j].0;
                 let page = match *hit {
                     Some((_, existing)) => Some(existing),
                     None if serve_fresh || (per_key && pool.counts().free > 0) => {
                         let page = pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages");
-                        reserve(table, pool, index, page);
+                        reserve(table, pool, j, page);
                         Some(page)
                     }
                     None => None,
@@ -801,8 +813,8 @@ impl Core {
             };
         };
         let mut deleted = 0;
-        for &i in &distinct_indices(sp.keys.hasher(), keys) {
-            let Some(slot) = sp.keys.find(&keys[i as usize]) else { continue };
+        for &(i, hash) in &distinct_indices(sp.keys.hasher(), keys) {
+            let Some(slot) = sp.keys.find_hashed(&keys[i as usize], hash) else { continue };
             if sp.keys.get(slot).pages.len() > 0 {
                 sp.drop_pages(slot, None);
                 deleted += 1;
@@ -1076,8 +1088,9 @@ fn missing_space(space: &Space) -> Error {
     }
 }
 
-/// Indices of the first occurrence of each distinct key, in order; O(batch).
-fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<u32> {
+/// Indices of the first occurrence of each distinct key, in order, with the key's hash under
+/// `hasher` (the key table's); O(batch).
+fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<(u32, u64)> {
     let mut seen: HashTable<u32> = HashTable::with_capacity(keys.len());
     let mut out = Vec::with_capacity(keys.len());
     for (i, k) in keys.iter().enumerate() {
@@ -1085,7 +1098,7 @@ fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<u32> {
         let dup = seen.find(hash, |&j| keys[j as usize] == *k).is_some();
         if !dup {
             seen.insert_unique(hash, i as u32, |&j| hasher.hash_one(&keys[j as usize]));
-            out.push(i as u32);
+            out.push((i as u32, hash));
         }
     }
     out
