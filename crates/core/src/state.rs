@@ -429,10 +429,11 @@ impl Core {
             Command::Locations { space, rank, keys } => self.locations(now, space, *rank, keys),
             Command::Delete { space, keys } => self.delete(now, space, keys).map(Reply::Deleted),
             Command::Inspect { space, key } => {
+                self.space_mut(space, now);
                 Ok(Reply::Key(self.inspect(now, space, key).map(alloc::boxed::Box::new)))
             }
-            // Counts and lists are taken after the clock has acted, so they are the same whether
-            // or not a read (Stats) drained the due deadlines first.
+            // Counts and lists (and Inspect's view, above) are taken after the clock has acted, so
+            // they are the same whether or not a read (Stats) drained the due deadlines first.
             Command::Clear { space } => {
                 self.space_mut(space, now);
                 Ok(self.clear(space))
@@ -1183,9 +1184,9 @@ mod tests {
         core.check_invariants().unwrap();
     }
 
-    /// Clear, Reset and ExportSglang answer as of `now`: the same whether or not a read
+    /// Clear, Reset, ExportSglang and Inspect answer as of `now`: the same whether or not a read
     /// (Stats) let the clock act on a reservation that ran out just before (found by
-    /// `dropping_the_reads_changes_no_reply_and_no_state`).
+    /// `dropping_the_reads_changes_no_reply_and_no_state`, Inspect by a review).
     #[cfg(feature = "serde")] // compares snapshots
     #[test]
     fn counts_and_exports_do_not_depend_on_an_earlier_read() {
@@ -1193,7 +1194,8 @@ mod tests {
         // No quarantine: a page whose reservation ran out goes straight back to the free list.
         let settings = Settings { quarantine: 0, ..Settings::default() };
         let ttl = settings.reservation_ttl;
-        for cmd in [Command::Clear { space: Space::Vllm }, Command::Reset { space: Space::Vllm }, Command::ExportSglang] {
+        let inspect = Command::Inspect { space: Space::Vllm, key: Key::parse("a").unwrap() };
+        for cmd in [Command::Clear { space: Space::Vllm }, Command::Reset { space: Space::Vllm }, Command::ExportSglang, inspect] {
             let run = |read: bool| {
                 let mut core = Core::new(1, settings);
                 for space in [Space::Vllm, sglang.clone()] {

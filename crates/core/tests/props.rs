@@ -225,7 +225,7 @@ proptest! {
     }
 
     /// A refused command applies nothing (at most the clock's expiry up to `now`), and reads
-    /// never change anything (`Stats` lets the clock act first, and nothing else).
+    /// never change anything (`Stats` and `Inspect` let the clock act first, and nothing else).
     #[test]
     fn refused_commands_and_reads_change_nothing(s in settings(), ops in prop::collection::vec(op(), 1..80)) {
         let mut core = Core::new(2, s);
@@ -235,8 +235,8 @@ proptest! {
             let before = core.clone();
             let reply = core.apply(it.now, &cmd);
             it.observe(&cmd, &reply);
-            if matches!(cmd, Command::Stats) {
-                prop_assert_eq!(snapshot(&core), expired_at(&before, it.now), "op {} Stats", i);
+            if matches!(cmd, Command::Stats | Command::Inspect { .. }) {
+                prop_assert_eq!(snapshot(&core), expired_at(&before, it.now), "op {} {:?}", i, cmd);
             } else if !cmd.is_mutating() {
                 prop_assert_eq!(snapshot(&core), snapshot(&before), "op {} {:?} is a read", i, cmd);
             }

@@ -299,7 +299,7 @@ impl Scenario {
             _ => None,
         };
         let counters_before = self.counters();
-        let before: Option<Core> = (cmd.is_mutating() || matches!(cmd, Command::Stats)).then(|| self.core.clone());
+        let before: Option<Core> = (cmd.is_mutating() || matches!(cmd, Command::Stats | Command::Inspect { .. })).then(|| self.core.clone());
         let before_snapshot: Option<Snapshot> = (!cmd.is_mutating()).then(|| snapshot(&self.core));
         let (now, core) = (self.now, &mut self.core);
         let reply = match catch_unwind(AssertUnwindSafe(|| core.apply(now, &cmd))) {
@@ -317,9 +317,9 @@ impl Scenario {
             self.fail(&cmd, &format!("page conservation: {e}"));
         }
         if let Some(s) = before_snapshot {
-            // Reads change nothing; `Stats` lets the clock act first, and nothing else.
+            // Reads change nothing; `Stats` and `Inspect` let the clock act first, and nothing else.
             let want = match (&cmd, &before) {
-                (Command::Stats, Some(b)) => expired_at(b, now),
+                (Command::Stats | Command::Inspect { .. }, Some(b)) => expired_at(b, now),
                 _ => s,
             };
             if snapshot(&self.core) != want {
