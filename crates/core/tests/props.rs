@@ -65,6 +65,10 @@ enum Op {
     },
     Stats,
     Clear,
+    /// Drop every key, keep the ranks.
+    Reset,
+    /// A read lease on every stored key (what recovery grants).
+    LeaseAll,
     Ttl(Millis),
     /// New lease, quarantine and eviction settings (the TTL and the TP world stay).
     Reconfigure {
@@ -91,6 +95,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8u8).prop_map(|key| Op::Inspect { key }),
         1 => Just(Op::Stats),
         1 => Just(Op::Clear),
+        1 => Just(Op::Reset),
+        1 => Just(Op::LeaseAll),
         1 => prop_oneof![Just(0u64), Just(30), Just(100), Just(1_000)].prop_map(Op::Ttl),
         1 => (durations(), durations(), any::<bool>())
             .prop_map(|(read_lease, quarantine, lru)| Op::Reconfigure { read_lease, quarantine, lru }),
@@ -176,6 +182,8 @@ impl Interp {
             Op::Inspect { key: k } => Command::Inspect { space, key: key(*k) },
             Op::Stats => Command::Stats,
             Op::Clear => Command::Clear { space },
+            Op::Reset => Command::Reset { space },
+            Op::LeaseAll => Command::LeaseAll,
             Op::Ttl(ttl) => {
                 self.settings.reservation_ttl = *ttl;
                 Command::Configure(self.settings)
