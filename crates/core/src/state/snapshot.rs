@@ -279,7 +279,7 @@ mod tests {
     use crate::command::{Command, Eviction, Reply};
 
     fn key(i: u64) -> Key {
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             Key::parse(&alloc::format!("{:032x}", i * 0x9E37_79B9)).unwrap()
         } else {
             Key::parse(&alloc::format!("key-{i}")).unwrap()
@@ -309,7 +309,7 @@ mod tests {
                     {
                         let confirmations = a
                             .iter()
-                            .filter(|a| !a.cached && x % 3 != 0)
+                            .filter(|a| !a.cached && !x.is_multiple_of(3))
                             .filter_map(|a| Some((keys[a.index as usize].clone(), a.page?)))
                             .collect();
                         let _ = core.apply(

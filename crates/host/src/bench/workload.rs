@@ -137,7 +137,7 @@ impl Mode {
 fn allocate_reply(n: usize) -> Vec<u8> {
     use std::fmt::Write;
     let mut keys = Vec::with_capacity(n);
-    KeyGen::new(0x666c_6f6f_72).fresh(n, &mut keys);
+    KeyGen::new(0x66_6c6f_6f72).fresh(n, &mut keys);
     let mut s = String::from("{\"rank\":0,\"results\":[");
     for (i, k) in keys.iter().enumerate() {
         if i > 0 {
