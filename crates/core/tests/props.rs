@@ -69,6 +69,8 @@ enum Op {
     Reset,
     /// A read lease on every stored key (what recovery grants).
     LeaseAll,
+    /// The SGLang spaces as pools (a read).
+    Export,
     Ttl(Millis),
     /// New lease, quarantine and eviction settings (the TTL and the TP world stay).
     Reconfigure {
@@ -109,6 +111,7 @@ fn op_with_reads() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => op(),
         1 => Just(Op::Stats),
+        1 => Just(Op::Export),
         1 => (durations(), durations(), any::<bool>())
             .prop_map(|(read_lease, quarantine, lru)| Op::Reconfigure { read_lease, quarantine, lru }),
         1 => prop_oneof![0..100u64, 100..1_000u64].prop_map(Op::Advance),
@@ -142,20 +145,29 @@ struct Interp {
     now: Millis,
     settings: Settings,
     last_alloc: Option<(u32, Vec<Key>, Vec<Allocation>)>,
+    /// Ops name SGLang's `rank:kv` spaces (rankless ops: rank 0's) instead of vLLM's.
+    sglang: bool,
 }
 
 impl Interp {
     fn new(settings: Settings) -> Interp {
-        Interp { now: 0, settings, last_alloc: None }
+        Interp { now: 0, settings, last_alloc: None, sglang: false }
+    }
+
+    /// The space an op on `rank` names.
+    fn space(&self, rank: u32) -> Space {
+        if self.sglang { Space::Sglang { rank, namespace: "kv".into() } } else { Space::Vllm }
     }
 
     /// The command for `op`, or `None` when the op only moves the clock.
     fn command(&mut self, op: &Op) -> Option<Command> {
-        let space = Space::Vllm;
+        let space = self.space(0);
         let keys_of = |ks: &[u8]| ks.iter().map(|&i| key(i)).collect::<Vec<_>>();
         Some(match op {
-            Op::Init { rank, num_pages } => Command::Initialize { space, rank: *rank, num_pages: *num_pages },
-            Op::Alloc { rank, keys } => Command::Allocate { space, rank: *rank, keys: keys_of(keys) },
+            Op::Init { rank, num_pages } => {
+                Command::Initialize { space: self.space(*rank), rank: *rank, num_pages: *num_pages }
+            }
+            Op::Alloc { rank, keys } => Command::Allocate { space: self.space(*rank), rank: *rank, keys: keys_of(keys) },
             Op::ConfirmLast { choices } => {
                 let (rank, keys, out) = self.last_alloc.clone()?;
                 let mut confirmations = Vec::new();
@@ -168,22 +180,23 @@ impl Interp {
                         _ => {}
                     }
                 }
-                Command::Confirm { space, rank, confirmations, releases }
+                Command::Confirm { space: self.space(rank), rank, confirmations, releases }
             }
             Op::Confirm { rank, confirmations, releases } => Command::Confirm {
-                space,
+                space: self.space(*rank),
                 rank: *rank,
                 confirmations: confirmations.iter().map(|&(k, p)| (key(k), p)).collect(),
                 releases: releases.clone(),
             },
             Op::Exists { keys } => Command::Exists { space, keys: keys_of(keys) },
-            Op::Locations { rank, keys } => Command::Locations { space, rank: *rank, keys: keys_of(keys) },
+            Op::Locations { rank, keys } => Command::Locations { space: self.space(*rank), rank: *rank, keys: keys_of(keys) },
             Op::Delete { keys } => Command::Delete { space, keys: keys_of(keys) },
             Op::Inspect { key: k } => Command::Inspect { space, key: key(*k) },
             Op::Stats => Command::Stats,
             Op::Clear => Command::Clear { space },
             Op::Reset => Command::Reset { space },
             Op::LeaseAll => Command::LeaseAll,
+            Op::Export => Command::ExportSglang,
             Op::Ttl(ttl) => {
                 self.settings.reservation_ttl = *ttl;
                 Command::Configure(self.settings)
@@ -206,6 +219,34 @@ impl Interp {
             self.last_alloc = Some((*rank, keys.clone(), out.clone()));
         }
     }
+}
+
+/// Runs `ops` on a core and, without its reads, on a second one: every command gets the same
+/// reply from both (a read is asked of a copy of the second), and once the clock has acted
+/// everywhere the two states agree.
+fn check_dropping_reads(s: Settings, ops: &[Op], sglang: bool) -> Result<(), TestCaseError> {
+    let mut live = Core::new(4, s);
+    let mut replay = Core::new(4, s);
+    let mut it = Interp { sglang, ..Interp::new(s) };
+    // Every space's clock, not only vLLM's (`expired_at`): `Stats` lets it act everywhere.
+    let settled = |core: &Core, now: Millis| {
+        let mut c = core.clone();
+        c.apply(now, &Command::Stats).expect("stats");
+        snapshot(&c)
+    };
+    for (i, op) in ops.iter().enumerate() {
+        let Some(cmd) = it.command(op) else { continue };
+        let r = live.apply(it.now, &cmd);
+        it.observe(&cmd, &r);
+        if cmd.is_mutating() {
+            prop_assert_eq!(&r, &replay.apply(it.now, &cmd), "op {} {:?}", i, cmd);
+            prop_assert_eq!(settled(&live, it.now), settled(&replay, it.now), "op {} {:?}", i, cmd);
+        } else {
+            // A read answers the same as on a core that never saw the earlier reads.
+            prop_assert_eq!(&r, &replay.clone().apply(it.now, &cmd), "op {} {:?} (a read)", i, cmd);
+        }
+    }
+    Ok(())
 }
 
 /// `cases` per property, or `PROPTEST_CASES` when set (a deeper run: `PROPTEST_CASES=20000`).
@@ -340,23 +381,21 @@ proptest! {
     }
 
     /// Reads are not logged, so they must not change what later commands do: the same sequence
-    /// without its reads (`Stats`, `batch_exists`, `inspect`) gives the same replies to every
-    /// other command and, once the clock has acted, the same state. (`Stats` lets the clock act;
-    /// a settings change must not make that visible.)
+    /// without its reads (`Stats`, `batch_exists`, `inspect`, the SGLang export) gives the same
+    /// replies to every other command and, once the clock has acted, the same state. (`Stats`
+    /// lets the clock act; a settings change must not make that visible.)
     #[test]
     fn dropping_the_reads_changes_no_reply_and_no_state(s in settings(), ops in prop::collection::vec(op_with_reads(), 1..80)) {
-        let mut live = Core::new(4, s);
-        let mut replay = Core::new(4, s);
-        let mut it = Interp::new(s);
-        for (i, op) in ops.iter().enumerate() {
-            let Some(cmd) = it.command(op) else { continue };
-            let r = live.apply(it.now, &cmd);
-            it.observe(&cmd, &r);
-            if cmd.is_mutating() {
-                prop_assert_eq!(&r, &replay.apply(it.now, &cmd), "op {} {:?}", i, cmd);
-                prop_assert_eq!(expired_at(&live, it.now), expired_at(&replay, it.now), "op {} {:?}", i, cmd);
-            }
-        }
+        check_dropping_reads(s, &ops, false)?;
+    }
+
+    /// The same in SGLang's spaces (one per rank, LIFO pages, per-key allocation).
+    #[test]
+    fn dropping_the_reads_changes_no_reply_and_no_state_in_sglang_spaces(
+        s in settings(),
+        ops in prop::collection::vec(op_with_reads(), 1..80),
+    ) {
+        check_dropping_reads(s, &ops, true)?;
     }
 
     /// The seed keys only the hash tables: replies and free lists never depend on it.
