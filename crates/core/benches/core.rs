@@ -203,9 +203,9 @@ fn initialize(c: &mut Criterion) {
     let mut g = c.benchmark_group("initialize");
     for pages in POOL_SIZES {
         g.bench_with_input(BenchmarkId::from_parameter(pages), &pages, |b, &pages| {
-            // An empty core, the command, and dropping the core, all timed: kept alive until a
-            // batch ends (criterion's iter_batched), each core's space sat in fresh heap pages,
-            // so the bench measured first-touch page faults (~2 µs) rather than the command.
+            // An empty core, the command and dropping the core, all timed. (With iter_batched,
+            // which keeps a batch's cores alive, every command's new space landed in fresh heap
+            // pages: the bench measured first-touch page faults, ~2 µs, not the command.)
             b.iter(|| {
                 let mut core = Core::new(7, Settings::default());
                 black_box(core.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: pages }))

@@ -231,8 +231,8 @@ impl KeyTable {
     /// second probe for a match that [`KeyTable::find_or_insert`] would make.
     pub(crate) fn insert_absent(&mut self, key: &Key, hash: u64) -> u32 {
         debug_assert!(self.find_hashed(key, hash).is_none(), "insert_absent of a present key");
-        let slot = next_slot(&self.vacant, self.slots.len());
-        self.index.insert_unique(spread(tag(hash)), Indexed { slot, tag: tag(hash) }, |x| x.hash());
+        let (slot, tag) = (next_slot(&self.vacant, self.slots.len()), tag(hash));
+        self.index.insert_unique(spread(tag), Indexed { slot, tag }, |x| x.hash());
         self.fill(slot, key);
         slot
     }

@@ -86,40 +86,27 @@ impl Leases {
 /// a push never goes below the last deadline (after a setting shrinks a duration, newer entries
 /// wait for older ones rather than break the order).
 #[derive(Clone, Debug)]
-struct Deadlines<T>(VecDeque<T>);
+struct Deadlines(VecDeque<PageDeadline>);
 
-trait At {
-    fn at(&self) -> Millis;
-    fn set_at(&mut self, at: Millis);
-}
-
-impl At for PageDeadline {
-    fn at(&self) -> Millis {
-        self.at
-    }
-    fn set_at(&mut self, at: Millis) {
-        self.at = at;
-    }
-}
-impl<T: At + Copy> Deadlines<T> {
+impl Deadlines {
     fn new() -> Self {
         Deadlines(VecDeque::new())
     }
 
     /// Queues `item`, raising its deadline to the last one if needed; returns the deadline used.
-    fn push(&mut self, mut item: T) -> Millis {
+    fn push(&mut self, mut item: PageDeadline) -> Millis {
         if let Some(last) = self.0.back() {
-            item.set_at(item.at().max(last.at()));
+            item.at = item.at.max(last.at);
         }
         self.0.push_back(item);
-        item.at()
+        item.at
     }
 
     fn due(&self, now: Millis) -> Option<Millis> {
-        self.0.front().map(At::at).filter(|&at| at <= now)
+        self.0.front().map(|d| d.at).filter(|&at| at <= now)
     }
 
-    fn pop(&mut self) -> Option<T> {
+    fn pop(&mut self) -> Option<PageDeadline> {
         self.0.pop_front()
     }
 
@@ -142,11 +129,11 @@ struct SpaceState {
     ranks: BTreeMap<u32, Pool>,
     keys: KeyTable,
     /// Reservation deadlines; entries whose page moved on are skipped by generation.
-    reservations: Deadlines<PageDeadline>,
+    reservations: Deadlines,
     /// Quarantine of pages taken back from expired reservations.
-    expired: Deadlines<PageDeadline>,
+    expired: Deadlines,
     /// Quarantine of pages of deleted or dropped keys that a reader still held a lease on.
-    held: Deadlines<PageDeadline>,
+    held: Deadlines,
     /// Read lease ends, soonest first (see [`Leases`]).
     leases: Leases,
     /// Generations of reservations and quarantines, so a stale deadline never ends a newer one.
@@ -413,10 +400,7 @@ impl Core {
                 }
                 // Deadlines due by now run out under the settings they were made with, whether
                 // or not a read (Stats) drained them earlier: replay must not depend on reads.
-                let old = self.settings;
-                for sp in self.spaces.values_mut() {
-                    sp.expire(&old, now);
-                }
+                self.expire_all(now);
                 self.settings = *s;
                 Ok(Reply::Configured)
             }
@@ -444,10 +428,10 @@ impl Core {
                 Ok(Reply::SglangPools(self.export_sglang()))
             }
             Command::LeaseAll => {
+                self.expire_all(now);
                 let settings = self.settings;
                 let mut keys = 0u64;
                 for sp in self.spaces.values_mut() {
-                    sp.expire(&settings, now);
                     let slots: Vec<u32> =
                         sp.keys.entries().filter(|(_, e)| e.pages.len() > 0).map(|(s, _)| s).collect();
                     for slot in slots {
@@ -989,7 +973,7 @@ impl Core {
             sp.keys.check().map_err(|e| format!("{space:?} keys: {e}"))?;
             let mut reserved_per_slot: BTreeMap<u32, u32> = BTreeMap::new();
             // Sets of what the queues hold, so the check stays O(state log state).
-            let queued = |q: &Deadlines<PageDeadline>| {
+            let queued = |q: &Deadlines| {
                 q.0.iter()
                     .map(|d| (d.rank, d.page, (d.generation & GEN_MASK) as u32))
                     .collect::<alloc::collections::BTreeSet<_>>()

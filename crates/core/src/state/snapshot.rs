@@ -106,11 +106,11 @@ struct DeadlineImage {
     generation: u64,
 }
 
-fn deadlines_out(q: &Deadlines<PageDeadline>) -> Vec<DeadlineImage> {
+fn deadlines_out(q: &Deadlines) -> Vec<DeadlineImage> {
     q.0.iter().map(|d| DeadlineImage { at: d.at, rank: d.rank, page: d.page, generation: d.generation }).collect()
 }
 
-fn deadlines_in(v: Vec<DeadlineImage>) -> Deadlines<PageDeadline> {
+fn deadlines_in(v: Vec<DeadlineImage>) -> Deadlines {
     Deadlines(
         v.into_iter()
             .map(|d| PageDeadline { at: d.at, rank: d.rank, page: d.page, generation: d.generation })
@@ -246,7 +246,6 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
     keys.newest = img.newest;
     keys.oldest = img.oldest;
     keys.rebuild_index()?;
-    // The latest lease end handed out: past every queued end and every key's lease.
     // Each running lease's live end: its latest queued end not past `lease_until` (images of
     // older writers queued one entry per extension, the live one at exactly `lease_until`).
     let mut leases = Leases::default();

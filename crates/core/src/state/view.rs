@@ -4,7 +4,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{Core, Deadlines, PageDeadline};
+use super::{Core, Deadlines};
 use crate::command::{Millis, Space};
 use crate::key::Key;
 use crate::pool::{GEN_MASK, Page};
@@ -40,7 +40,7 @@ pub enum PageView {
     },
 }
 
-fn deadline(q: &Deadlines<PageDeadline>, rank: u32, page: u32, generation: u32) -> Option<Millis> {
+fn deadline(q: &Deadlines, rank: u32, page: u32, generation: u32) -> Option<Millis> {
     q.0.iter()
         .find(|d| d.rank == rank && d.page == page && (d.generation & GEN_MASK) as u32 == generation)
         .map(|d| d.at)
