@@ -1,16 +1,15 @@
-//! The key table: a slab of entries found through a seeded hash table of slot numbers.
+//! The key table: a slab of entries found through a seeded hash index of slots.
 //!
 //! Entries are addressed by a u32 slot so pages can point back at their key in 4 bytes; the
-//! hash table stores slots and 32 bits of each key's hash (the key lives once, in the entry), so
-//! growing the table and probing past other keys never reads the entries. Nothing here
-//! iterates the table in hash order, so replies never depend on the hasher seed.
+//! index ([`SlotIndex`]) stores slots and 32 bits of each key's hash (the key lives once, in the
+//! entry), so growing the index and probing past other keys never reads the entries. Nothing
+//! here iterates the index, so replies never depend on the hasher seed.
 
 use alloc::vec::Vec;
 use core::hash::BuildHasher;
 
-use hashbrown::HashTable;
-
 use crate::key::Key;
+use crate::slot_index::SlotIndex;
 
 /// The hasher the key table uses, seeded by the caller (the core has no randomness).
 pub(crate) type Hasher = foldhash::fast::FixedState;
@@ -96,35 +95,14 @@ pub(crate) struct Entry {
     pub(crate) lease_until: u64,
 }
 
-/// An index entry: a key's slot and 32 bits of its hash, from which the table's 64-bit hash is
-/// recomputed without reading the entry (on growth, and to skip other keys while probing).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Indexed {
-    slot: u32,
-    tag: u32,
-}
-
-impl Indexed {
-    /// The 64-bit hash the table sorts this entry by.
-    fn hash(self) -> u64 {
-        spread(self.tag)
-    }
-}
-
-/// 32 bits of a key's hash.
+/// 32 bits of a key's hash: what the index keeps of it.
 fn tag(hash: u64) -> u32 {
     (hash >> 32) as u32 ^ hash as u32
 }
 
-/// The table's 64-bit hash of a tag: an odd multiplier is a bijection, so bucket bits (low) and
-/// control bits (high) both depend on the tag.
-fn spread(tag: u32) -> u64 {
-    u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// Whether index entry `x` is `key`, whose tag is `tag`.
-fn is(slots: &[Option<Entry>], x: Indexed, tag: u32, key: &Key) -> bool {
-    x.tag == tag && slots[x.slot as usize].as_ref().is_some_and(|e| e.key == *key)
+/// Whether `slot` holds `key`.
+fn holds(slots: &[Option<Entry>], slot: u32, key: &Key) -> bool {
+    slots[slot as usize].as_ref().is_some_and(|e| e.key == *key)
 }
 
 /// The slot the next new entry takes (the last vacated one, else a new one at `len`);
@@ -144,7 +122,7 @@ pub(crate) const NIL: u32 = u32::MAX;
 pub(crate) struct KeyTable {
     pub(crate) slots: Vec<Option<Entry>>,
     pub(crate) vacant: Vec<u32>,
-    pub(crate) index: HashTable<Indexed>,
+    pub(crate) index: SlotIndex,
     pub(crate) hasher: Hasher,
     /// Most and least recently used ends of the recency list, and its length.
     pub(crate) newest: u32,
@@ -163,7 +141,7 @@ impl KeyTable {
         KeyTable {
             slots: Vec::new(),
             vacant: Vec::new(),
-            index: HashTable::new(),
+            index: SlotIndex::default(),
             hasher: Hasher::with_seed(seed),
             newest: NIL,
             oldest: NIL,
@@ -195,8 +173,68 @@ impl KeyTable {
 
     /// [`KeyTable::find`] for a key whose hash (`hasher().hash_one(key)`) is known.
     pub(crate) fn find_hashed(&self, key: &Key, hash: u64) -> Option<u32> {
-        let tag = tag(hash);
-        self.index.find(spread(tag), |&x| is(&self.slots, x, tag, key)).map(|x| x.slot)
+        self.index.find(tag(hash), |s| holds(&self.slots, s, key))
+    }
+
+    /// [`KeyTable::find_hashed`] for a batch: the slot of each of `n` keys (`key(i)` gives the
+    /// `i`-th key and its hash). A key's lookup waits for two cache misses in a row on a large
+    /// table (its index line, then its entry, to compare the key); here the lines of the keys
+    /// a few places ahead are asked for while the current one is looked up, so the batch waits
+    /// for its misses together. Same answers as `find_hashed` one by one.
+    pub(crate) fn find_batch<'k>(&self, n: usize, key: impl Fn(usize) -> (&'k Key, u64)) -> Vec<Option<u32>> {
+        /// How far ahead the index line is asked for; the entry is asked for half as far ahead,
+        /// once its index line has had time to arrive.
+        const AHEAD: usize = 8;
+        let ahead = |i: usize| {
+            if i + AHEAD < n {
+                self.index.prefetch(tag(key(i + AHEAD).1));
+            }
+            if i + AHEAD / 2 < n
+                && let Some(slot) = self.index.find(tag(key(i + AHEAD / 2).1), |_| true)
+            {
+                self.prefetch_entry(slot);
+            }
+        };
+        for i in 0..AHEAD.min(n) {
+            self.index.prefetch(tag(key(i).1));
+        }
+        (0..n)
+            .map(|i| {
+                ahead(i);
+                let (k, hash) = key(i);
+                self.find_hashed(k, hash)
+            })
+            .collect()
+    }
+
+    /// [`KeyTable::find_batch`] of `keys`, hashing each once.
+    pub(crate) fn find_batch_of(&self, keys: &[Key]) -> Vec<Option<u32>> {
+        let hashes: Vec<u64> = keys.iter().map(|k| self.hasher.hash_one(k)).collect();
+        self.find_batch(keys.len(), |i| (&keys[i], hashes[i]))
+    }
+
+    /// Starts fetching `slot`'s entry.
+    pub(crate) fn prefetch_entry(&self, slot: u32) {
+        crate::slot_index::prefetch(self.slots.as_ptr().wrapping_add(slot as usize));
+    }
+
+    /// For a walk of the recency list that is about to visit `slot` (whose entry it asked for
+    /// one step earlier): starts fetching `slot`'s index line and the next key's entry, so the
+    /// walk waits for one miss a key instead of three in a row.
+    pub(crate) fn prefetch_walk(&self, slot: u32) {
+        let e = self.get(slot);
+        self.index.prefetch(self.tag_of(&e.key));
+        if e.newer != NIL {
+            self.prefetch_entry(e.newer);
+        }
+    }
+
+    /// Starts fetching the entries the next `n` new keys will be written to (vacated slots,
+    /// scattered after evictions).
+    pub(crate) fn prefetch_vacant(&self, n: usize) {
+        for &slot in self.vacant.iter().rev().take(n) {
+            self.prefetch_entry(slot);
+        }
     }
 
     /// The entry at `slot`, if the slot is live.
@@ -214,25 +252,20 @@ impl KeyTable {
 
     /// The slot of `key`, creating an empty entry if it has none.
     pub(crate) fn find_or_insert(&mut self, key: &Key) -> u32 {
-        let tag = self.tag_of(key);
-        let slots = &self.slots;
-        let vacant = match self.index.entry(spread(tag), |&x| is(slots, x, tag, key), |x| x.hash()) {
-            hashbrown::hash_table::Entry::Occupied(o) => return o.get().slot,
-            hashbrown::hash_table::Entry::Vacant(v) => v,
-        };
-        let slot = next_slot(&self.vacant, self.slots.len());
-        vacant.insert(Indexed { slot, tag });
-        self.fill(slot, key);
-        slot
+        let hash = self.hasher.hash_one(key);
+        match self.find_hashed(key, hash) {
+            Some(slot) => slot,
+            None => self.insert_absent(key, hash),
+        }
     }
 
     /// Creates an empty entry for `key`, which is not in the table (the caller found it absent
-    /// with [`KeyTable::find_hashed`] and inserted nothing since); `hash` is its hash. Skips the
-    /// second probe for a match that [`KeyTable::find_or_insert`] would make.
+    /// with [`KeyTable::find_hashed`] and inserted nothing since); `hash` is its hash. Probes for
+    /// a free bucket only, comparing no keys.
     pub(crate) fn insert_absent(&mut self, key: &Key, hash: u64) -> u32 {
         debug_assert!(self.find_hashed(key, hash).is_none(), "insert_absent of a present key");
-        let (slot, tag) = (next_slot(&self.vacant, self.slots.len()), tag(hash));
-        self.index.insert_unique(spread(tag), Indexed { slot, tag }, |x| x.hash());
+        let slot = next_slot(&self.vacant, self.slots.len());
+        self.index.insert_unique(tag(hash), slot);
         self.fill(slot, key);
         slot
     }
@@ -328,9 +361,8 @@ impl KeyTable {
         }
         debug_assert!(!self.in_recency(slot), "a key without pages is not in the recency list");
         let tag = self.tag_of(&e.key);
-        if let Ok(found) = self.index.find_entry(spread(tag), |x| x.slot == slot) {
-            found.remove();
-        }
+        let removed = self.index.remove(tag, slot);
+        debug_assert!(removed, "a live slot is indexed");
         self.slots[slot as usize] = None;
         self.vacant.push(slot);
     }
@@ -338,7 +370,7 @@ impl KeyTable {
     /// Rebuilds the hash index and the recency count from the slots (after a restore).
     #[cfg(feature = "serde")]
     pub(crate) fn rebuild_index(&mut self) -> Result<(), alloc::string::String> {
-        self.index = HashTable::with_capacity(self.slots.len());
+        self.index = SlotIndex::with_capacity(self.slots.len());
         self.committed = 0;
         for (slot, e) in self.slots.iter().enumerate() {
             let Some(e) = e else { continue };
@@ -346,10 +378,10 @@ impl KeyTable {
                 self.committed += 1;
             }
             let tag = self.tag_of(&e.key);
-            if self.index.find(spread(tag), |&x| is(&self.slots, x, tag, &e.key)).is_some() {
+            if self.index.find(tag, |s| holds(&self.slots, s, &e.key)).is_some() {
                 return Err(alloc::format!("key {:?} is stored twice", e.key));
             }
-            self.index.insert_unique(spread(tag), Indexed { slot: slot as u32, tag }, |x| x.hash());
+            self.index.insert_unique(tag, slot as u32);
         }
         let n = self.slots.len() as u32;
         let bad_link = |s: u32| s != NIL && (s >= n || self.slots[s as usize].is_none());

@@ -11,7 +11,8 @@
 //! - [`error`]: the domain [`Error`]; a refused command changes nothing.
 //! - `state`: [`Core::apply`], the rules (allocation, confirm/release, completeness, expiry).
 //! - `pool`: one rank's pages: a lazily materialised free list and a per-page state table.
-//! - `keys`: the key table: a slab of entries behind a seeded hash table of slots.
+//! - `keys`: the key table: a slab of entries behind a seeded hash index of slots
+//!   (`slot_index`: open addressing, one `u64` per bucket).
 //! - [`key`]: [`Key`], compact for 32-hex keys, echoed exactly as sent.
 //! - `state/snapshot`: `Core::snapshot` / `Core::restore` (feature `serde`): the whole state as
 //!   versioned, deterministic bytes.
@@ -36,6 +37,7 @@ pub mod error;
 pub mod key;
 mod keys;
 mod pool;
+mod slot_index;
 mod state;
 #[cfg(feature = "wire")]
 pub mod wire;

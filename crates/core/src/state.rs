@@ -354,6 +354,9 @@ impl SpaceState {
         let n = u64::from(self.ranks[&rank].num_pages());
         let low = n * u64::from(settings.evict_low_permille) / 1000;
         let mut cur = self.keys.oldest();
+        if let Some(oldest) = cur {
+            self.keys.prefetch_entry(oldest);
+        }
         while let Some(slot) = cur {
             if Some(slot) == protected {
                 break;
@@ -364,6 +367,9 @@ impl SpaceState {
                 break;
             }
             cur = self.keys.newer_than(slot);
+            if let Some(next) = cur {
+                self.keys.prefetch_walk(next);
+            }
             if self.keys.get(slot).pages.get(rank).is_some() && self.evictable(settings, world, slot, now) {
                 self.drop_pages(slot, None);
                 self.counters.evictions += 1;
@@ -536,7 +542,7 @@ impl Core {
         // One entry per distinct key, at its first position, with its hash.
         let distinct = distinct_indices(sp.keys.hasher(), keys);
         let find = |sp: &SpaceState| -> Vec<Option<u32>> {
-            distinct.iter().map(|&(i, hash)| sp.keys.find_hashed(&keys[i as usize], hash)).collect()
+            sp.keys.find_batch(distinct.len(), |j| (&keys[distinct[j].0 as usize], distinct[j].1))
         };
         // Each distinct key's slot, if it has one.
         let mut found = find(sp);
@@ -593,6 +599,7 @@ impl Core {
                 generation,
             });
         };
+        table.prefetch_vacant(fresh as usize);
         let mut out = Vec::with_capacity(distinct.len());
         if rotate {
             let taken: Vec<u32> = (0..distinct.len())
@@ -754,9 +761,11 @@ impl Core {
             };
         };
         let world = world_count(&self.settings, sp);
-        Ok(keys
-            .iter()
-            .map(|k| sp.keys.find(k).is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len())))
+        Ok(sp
+            .keys
+            .find_batch_of(keys)
+            .into_iter()
+            .map(|slot| slot.is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len())))
             .collect())
     }
 
@@ -768,8 +777,9 @@ impl Core {
         };
         let world = world_count(&settings, sp);
         let mut pages = Vec::with_capacity(keys.len());
-        for k in keys {
-            let hit = sp.keys.find(k).and_then(|slot| {
+        // Leases and touches below add and remove no key: every slot found here stays right.
+        for slot in sp.keys.find_batch_of(keys) {
+            let hit = slot.and_then(|slot| {
                 let e = sp.keys.get(slot);
                 if is_complete(world, e.pages.len()) { e.pages.get(rank).map(|p| (slot, p)) } else { None }
             });
@@ -1179,7 +1189,12 @@ mod tests {
         let settings = Settings { quarantine: 0, ..Settings::default() };
         let ttl = settings.reservation_ttl;
         let inspect = Command::Inspect { space: Space::Vllm, key: Key::parse("a").unwrap() };
-        for cmd in [Command::Clear { space: Space::Vllm }, Command::Reset { space: Space::Vllm }, Command::ExportSglang, inspect] {
+        for cmd in [
+            Command::Clear { space: Space::Vllm },
+            Command::Reset { space: Space::Vllm },
+            Command::ExportSglang,
+            inspect,
+        ] {
             let run = |read: bool| {
                 let mut core = Core::new(1, settings);
                 for space in [Space::Vllm, sglang.clone()] {
