@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 use core::hash::BuildHasher;
 
 use crate::key::Key;
-use crate::slot_index::SlotIndex;
+use crate::slot_index::{PREFETCHES, SlotIndex};
 
 /// The hasher the key table uses, seeded by the caller (the core has no randomness).
 pub(crate) type Hasher = foldhash::fast::FixedState;
@@ -177,32 +177,26 @@ impl KeyTable {
     }
 
     /// [`KeyTable::find_hashed`] for a batch: the slot of each of `n` keys (`key(i)` gives the
-    /// `i`-th key and its hash). A key's lookup waits for two cache misses in a row on a large
-    /// table (its index line, then its entry, to compare the key); here the lines of the keys
-    /// a few places ahead are asked for while the current one is looked up, so the batch waits
-    /// for its misses together. Same answers as `find_hashed` one by one.
+    /// `i`-th key and its hash). One key's lookup on a large table waits for two cache misses in
+    /// a row (its index line, then its entry, to compare the key). Here every key's first
+    /// bucket is read in one loop, then every candidate entry in another: the loads of one
+    /// loop do not depend on each other, so the CPU has many misses in flight at once (on
+    /// every target: no prefetch instruction is needed). A key whose first bucket does not
+    /// settle it is looked up in full (its line is cached by then). Same answers as
+    /// `find_hashed` one by one.
     pub(crate) fn find_batch<'k>(&self, n: usize, key: impl Fn(usize) -> (&'k Key, u64)) -> Vec<Option<u32>> {
-        /// How far ahead the index line is asked for; the entry is asked for half as far ahead,
-        /// once its index line has had time to arrive.
-        const AHEAD: usize = 8;
-        let ahead = |i: usize| {
-            if i + AHEAD < n {
-                self.index.prefetch(tag(key(i + AHEAD).1));
-            }
-            if i + AHEAD / 2 < n
-                && let Some(slot) = self.index.find(tag(key(i + AHEAD / 2).1), |_| true)
-            {
-                self.prefetch_entry(slot);
-            }
-        };
-        for i in 0..AHEAD.min(n) {
-            self.index.prefetch(tag(key(i).1));
-        }
-        (0..n)
-            .map(|i| {
-                ahead(i);
+        let first: Vec<Option<(u32, u32)>> = (0..n).map(|i| self.index.first(tag(key(i).1))).collect();
+        first
+            .into_iter()
+            .enumerate()
+            .map(|(i, first)| {
                 let (k, hash) = key(i);
-                self.find_hashed(k, hash)
+                match first {
+                    // Linear probing: a key is never past an empty bucket.
+                    None => None,
+                    Some((t, slot)) if t == tag(hash) && holds(&self.slots, slot, k) => Some(slot),
+                    Some(_) => self.find_hashed(k, hash),
+                }
             })
             .collect()
     }
@@ -222,6 +216,9 @@ impl KeyTable {
     /// one step earlier): starts fetching `slot`'s index line and the next key's entry, so the
     /// walk waits for one miss a key instead of three in a row.
     pub(crate) fn prefetch_walk(&self, slot: u32) {
+        if !PREFETCHES {
+            return;
+        }
         let e = self.get(slot);
         self.index.prefetch(self.tag_of(&e.key));
         if e.newer != NIL {
@@ -232,6 +229,9 @@ impl KeyTable {
     /// Starts fetching the entries the next `n` new keys will be written to (vacated slots,
     /// scattered after evictions).
     pub(crate) fn prefetch_vacant(&self, n: usize) {
+        if !PREFETCHES {
+            return;
+        }
         for &slot in self.vacant.iter().rev().take(n) {
             self.prefetch_entry(slot);
         }

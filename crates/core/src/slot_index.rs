@@ -86,6 +86,18 @@ impl SlotIndex {
         }
     }
 
+    /// The pair in the bucket a probe for `tag` starts at, `None` if that bucket is empty (then
+    /// no pair with `tag` is stored: probes never pass an empty bucket). One load, for callers
+    /// that read many keys' first buckets in a row (see `KeyTable::find_batch`).
+    #[inline]
+    pub(crate) fn first(&self, tag: u32) -> Option<(u32, u32)> {
+        if self.len == 0 {
+            return None;
+        }
+        let b = self.buckets[self.home(tag)];
+        (b != EMPTY).then(|| (tag_of(b), slot_of(b)))
+    }
+
     /// Adds a pair the caller knows is absent.
     #[inline]
     pub(crate) fn insert_unique(&mut self, tag: u32, slot: u32) {
@@ -165,6 +177,10 @@ impl SlotIndex {
     }
 }
 
+/// Whether [`prefetch`] does anything on this target: callers skip the work of finding what to
+/// prefetch where it would be wasted (wasm has no prefetch instruction).
+pub(crate) const PREFETCHES: bool = cfg!(target_arch = "x86_64");
+
 /// Asks the CPU to start fetching the cache line at `p`. A hint only: it never faults, reads
 /// nothing visible and changes no result; a no-op where the target has no prefetch (wasm).
 #[inline(always)]
@@ -193,6 +209,7 @@ mod tests {
         assert_eq!(index.len(), model.len());
         for &(tag, slot) in model {
             assert_eq!(index.find(tag, |s| s == slot), Some(slot), "({tag}, {slot})");
+            assert!(index.first(tag).is_some(), "a stored tag's first bucket is never empty");
         }
         let stored = index.buckets.iter().filter(|&&b| b != EMPTY).count();
         assert_eq!(stored, model.len());
@@ -240,6 +257,8 @@ mod tests {
         assert_eq!(index.find(7, |s| s == 2), Some(2));
         assert_eq!(index.find(7, |s| s == 3), None, "slot 3 has another tag");
         assert_eq!(index.find(9, |_| true), None);
+        assert_eq!(index.first(7), Some((7, 1)), "the first pair placed for a tag sits at its home");
+        assert_eq!(SlotIndex::default().first(7), None);
         assert!(!index.remove(8, 1), "no such pair");
         assert_eq!(SlotIndex::default().find(1, |_| true), None);
         assert!(!SlotIndex::default().remove(1, 1));
