@@ -177,34 +177,46 @@ impl KeyTable {
     }
 
     /// [`KeyTable::find_hashed`] for a batch: the slot of each of `n` keys (`key(i)` gives the
-    /// `i`-th key and its hash). One key's lookup on a large table waits for two cache misses in
-    /// a row (its index line, then its entry, to compare the key). Here every key's first
-    /// bucket is read in one loop, then every candidate entry in another: the loads of one
-    /// loop do not depend on each other, so the CPU has many misses in flight at once (on
-    /// every target: no prefetch instruction is needed). A key whose first bucket does not
-    /// settle it is looked up in full (its line is cached by then). Same answers as
-    /// `find_hashed` one by one.
-    pub(crate) fn find_batch<'k>(&self, n: usize, key: impl Fn(usize) -> (&'k Key, u64)) -> Vec<Option<u32>> {
-        let first: Vec<Option<(u32, u32)>> = (0..n).map(|i| self.index.first(tag(key(i).1))).collect();
-        first
-            .into_iter()
-            .enumerate()
-            .map(|(i, first)| {
-                let (k, hash) = key(i);
-                match first {
+    /// `i`-th key, `hash(i)` its hash). One key's lookup on a large table waits for two cache
+    /// misses in a row (its index line, then its entry, to compare the key). Here, 16 keys at a
+    /// time, every key's first bucket is read in one loop, then every candidate entry in
+    /// another: the loads of one loop do not depend on each other, so the CPU has many misses
+    /// in flight at once (on every target: no prefetch instruction is needed). A key whose
+    /// first bucket does not settle it is looked up in full (its line is cached by then). Same
+    /// answers as `find_hashed` one by one.
+    pub(crate) fn find_batch<'k>(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> &'k Key,
+        hash: impl Fn(usize) -> u64,
+    ) -> Vec<Option<u32>> {
+        /// Keys whose first buckets are read together (on the stack: no allocation).
+        const CHUNK: usize = 16;
+        let mut out = Vec::with_capacity(n);
+        let mut hashes = [0u64; CHUNK];
+        let mut first = [None; CHUNK];
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            for j in 0..len {
+                hashes[j] = hash(start + j);
+                first[j] = self.index.first(tag(hashes[j]));
+            }
+            for j in 0..len {
+                let (k, hash) = (key(start + j), hashes[j]);
+                out.push(match first[j] {
                     // Linear probing: a key is never past an empty bucket.
                     None => None,
                     Some((t, slot)) if t == tag(hash) && holds(&self.slots, slot, k) => Some(slot),
                     Some(_) => self.find_hashed(k, hash),
-                }
-            })
-            .collect()
+                });
+            }
+        }
+        out
     }
 
-    /// [`KeyTable::find_batch`] of `keys`, hashing each once.
+    /// [`KeyTable::find_batch`] of `keys`.
     pub(crate) fn find_batch_of(&self, keys: &[Key]) -> Vec<Option<u32>> {
-        let hashes: Vec<u64> = keys.iter().map(|k| self.hasher.hash_one(k)).collect();
-        self.find_batch(keys.len(), |i| (&keys[i], hashes[i]))
+        self.find_batch(keys.len(), |i| &keys[i], |i| self.hasher.hash_one(&keys[i]))
     }
 
     /// Starts fetching `slot`'s entry.

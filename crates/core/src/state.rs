@@ -542,7 +542,7 @@ impl Core {
         // One entry per distinct key, at its first position, with its hash.
         let distinct = distinct_indices(sp.keys.hasher(), keys);
         let find = |sp: &SpaceState| -> Vec<Option<u32>> {
-            sp.keys.find_batch(distinct.len(), |j| (&keys[distinct[j].0 as usize], distinct[j].1))
+            sp.keys.find_batch(distinct.len(), |j| &keys[distinct[j].0 as usize], |j| distinct[j].1)
         };
         // Each distinct key's slot, if it has one.
         let mut found = find(sp);
