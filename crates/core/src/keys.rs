@@ -428,10 +428,23 @@ impl KeyTable {
                 return Err(format!("key {:?} at slot {slot} holds nothing but is still stored", e.key));
             }
         }
+        // The vacant list names every empty slot once: a slot listed twice would be handed to
+        // two keys, one out of range would panic when taken.
+        let mut seen = alloc::vec![false; self.slots.len()];
         for &v in &self.vacant {
-            if self.slots[v as usize].is_some() {
-                return Err(format!("vacant slot {v} is occupied"));
+            match self.slots.get(v as usize) {
+                None => return Err(format!("vacant slot {v} is out of range ({} slots)", self.slots.len())),
+                Some(Some(_)) => return Err(format!("vacant slot {v} is occupied")),
+                Some(None) if seen[v as usize] => return Err(format!("vacant slot {v} is listed twice")),
+                Some(None) => seen[v as usize] = true,
             }
+        }
+        if self.vacant.len() != self.slots.len() - live {
+            return Err(format!(
+                "{} vacant slots listed, {} slots are empty",
+                self.vacant.len(),
+                self.slots.len() - live
+            ));
         }
         // The recency list runs oldest → newest through exactly the keys with committed pages.
         let mut listed = 0usize;
@@ -502,6 +515,32 @@ mod tests {
         t.unlink(slots[1]);
         t.unlink(slots[0]);
         assert!(order(&t).is_empty(), "the recency list is empty");
+    }
+
+    #[test]
+    fn check_refuses_a_bad_vacant_list() {
+        let table = || {
+            let mut t = KeyTable::new(3);
+            let slots: Vec<u32> = ["a", "b", "c"].iter().map(|k| t.find_or_insert(&Key::parse(k).unwrap())).collect();
+            for &s in &slots {
+                t.get_mut(s).pages.insert(0, s);
+                t.touch(s);
+            }
+            t.unlink(slots[1]);
+            t.get_mut(slots[1]).pages = RankPages::None;
+            t.release_if_unused(slots[1]);
+            t.check().unwrap();
+            (t, slots[1])
+        };
+        let (mut t, vacated) = table();
+        t.vacant.push(vacated);
+        assert_eq!(t.check().unwrap_err(), alloc::format!("vacant slot {vacated} is listed twice"));
+        let (mut t, _) = table();
+        t.vacant.push(7);
+        assert_eq!(t.check().unwrap_err(), "vacant slot 7 is out of range (3 slots)");
+        let (mut t, _) = table();
+        t.vacant.clear();
+        assert_eq!(t.check().unwrap_err(), "0 vacant slots listed, 1 slots are empty");
     }
 
     #[test]
