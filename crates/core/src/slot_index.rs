@@ -5,9 +5,10 @@
 //! compares tags in the bucket itself and reads the key's entry only on a tag match; a lookup
 //! on a large table costs one cache miss (the bucket's line; the next buckets are on the same
 //! or the adjacent line), where a SwissTable costs two (its control bytes, then its buckets).
-//! A bucket's address is known from the tag alone, so a batch can fetch all its lines before
-//! probing ([`SlotIndex::prefetch`]). Growth re-places buckets from their tags and never reads
-//! the entries. Removal shifts the following buckets back (no tombstones), so probe lengths
+//! A bucket's address is known from the tag alone, so a batch can read every key's first
+//! bucket before probing ([`SlotIndex::first`]), and a walk can ask for a line ahead
+//! ([`SlotIndex::prefetch`]). Growth re-places buckets from their tags and never reads the
+//! entries. Removal shifts the following buckets back (no tombstones), so probe lengths
 //! depend only on the load, which stays at most 3/4.
 //!
 //! Nothing iterates the index: the order of buckets never reaches a reply.
@@ -105,13 +106,19 @@ impl SlotIndex {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             self.grow();
         }
+        let i = self.empty_bucket(tag);
+        self.buckets[i] = pair(tag, slot);
+        self.len += 1;
+    }
+
+    /// The first empty bucket of `tag`'s probe, where a new pair with that tag goes.
+    fn empty_bucket(&self, tag: u32) -> usize {
         let mask = self.mask();
         let mut i = self.home(tag);
         while self.buckets[i] != EMPTY {
             i = (i + 1) & mask;
         }
-        self.buckets[i] = pair(tag, slot);
-        self.len += 1;
+        i
     }
 
     /// Removes the pair `(tag, slot)`; returns whether it was there.
@@ -166,12 +173,8 @@ impl SlotIndex {
     fn grow(&mut self) {
         let n = (self.buckets.len() * 2).max(MIN_BUCKETS);
         let old = core::mem::replace(&mut self.buckets, alloc::vec![EMPTY; n]);
-        let mask = n - 1;
         for b in old.into_iter().filter(|&b| b != EMPTY) {
-            let mut i = self.home(tag_of(b));
-            while self.buckets[i] != EMPTY {
-                i = (i + 1) & mask;
-            }
+            let i = self.empty_bucket(tag_of(b));
             self.buckets[i] = b;
         }
     }
