@@ -1050,6 +1050,7 @@ mod tests {
             let Err(err) = crashed else {
                 // Past the last point: every point was tried.
                 assert_eq!(crash_at, 20, "two steps of 10 points");
+                fs::remove_dir_all(&d).unwrap();
                 break;
             };
             assert!(err.contains("crash before"), "{err}");
