@@ -39,8 +39,8 @@ pub fn pack_core_key(out: &mut Vec<u8>, key: &Key) {
 /// the culprit the way the host's JSON errors do.
 pub(crate) fn unpack_keys(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
     let bad = |i: usize, why: &str| wit::Error::InvalidInput(alloc::format!("keys[{i}]: {why}"));
-    // Each key takes at least 3 bytes, so this never over-allocates by much.
-    let mut keys = Vec::with_capacity(bytes.len() / 3);
+    // Sized for raw hex keys (18 bytes each, the common form); text keys grow it as needed.
+    let mut keys = Vec::with_capacity(bytes.len() / 18 + 1);
     while !bytes.is_empty() {
         let i = keys.len();
         let [lo, hi, rest @ ..] = bytes else { return Err(bad(i, "the length prefix is cut off")) };
