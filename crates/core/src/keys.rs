@@ -84,7 +84,7 @@ pub(crate) struct Entry {
     /// that reused the slot.
     pub(crate) reservations: u32,
     /// Neighbours in the recency list (towards the least and the most recently used end);
-    /// [`NIL`] at the ends. Only keys with a committed page and no read lease are in the list.
+    /// [`NIL`] at the ends. Only keys with a committed page are in the list.
     pub(crate) older: u32,
     pub(crate) newer: u32,
     /// Second (of the host's clock) of the key's first committed page: a key committed on
@@ -127,9 +127,7 @@ pub(crate) struct KeyTable {
     /// Most and least recently used ends of the recency list, and its length.
     pub(crate) newest: u32,
     pub(crate) oldest: u32,
-    pub(crate) listed: usize,
-    /// Keys holding a read lease (`lease_until > 0`): committed, out of the recency list.
-    pub(crate) leased: usize,
+    pub(crate) committed: usize,
 }
 
 impl core::fmt::Debug for KeyTable {
@@ -147,8 +145,7 @@ impl KeyTable {
             hasher: Hasher::with_seed(seed),
             newest: NIL,
             oldest: NIL,
-            listed: 0,
-            leased: 0,
+            committed: 0,
         }
     }
 
@@ -160,9 +157,9 @@ impl KeyTable {
         self.index.len()
     }
 
-    /// Keys with a committed page (those in the recency list and those holding a lease).
+    /// Keys with a committed page (those in the recency list).
     pub(crate) fn committed_len(&self) -> usize {
-        self.listed + self.leased
+        self.committed
     }
 
     /// The tag of `key`.
@@ -309,16 +306,15 @@ impl KeyTable {
         e.older != NIL || e.newer != NIL || self.newest == slot
     }
 
-    /// Puts `slot` at the most recently used end (inserting it if it is not in the list); a key
-    /// holding a read lease is in use, so it stays out of the list until the lease ends.
+    /// Puts `slot` at the most recently used end (inserting it if it is not in the list).
     pub(crate) fn touch(&mut self, slot: u32) {
-        if self.newest == slot || self.get(slot).lease_until > 0 {
+        if self.newest == slot {
             return;
         }
         if self.in_recency(slot) {
             self.unlink(slot);
         }
-        self.listed += 1;
+        self.committed += 1;
         let old_newest = self.newest;
         {
             let e = self.get_mut(slot);
@@ -338,7 +334,7 @@ impl KeyTable {
         if !self.in_recency(slot) {
             return;
         }
-        self.listed -= 1;
+        self.committed -= 1;
         let (older, newer) = {
             let e = self.get_mut(slot);
             let links = (e.older, e.newer);
@@ -355,26 +351,6 @@ impl KeyTable {
             self.get_mut(newer).older = older;
         } else {
             self.newest = older;
-        }
-    }
-
-    /// Gives committed `slot`, which holds no lease, one until `until`: it leaves the recency
-    /// list (a key in use is no candidate for eviction, and walks never step over it).
-    pub(crate) fn begin_lease(&mut self, slot: u32, until: u64) {
-        debug_assert!(self.get(slot).lease_until == 0 && until > 0);
-        self.unlink(slot);
-        self.get_mut(slot).lease_until = until;
-        self.leased += 1;
-    }
-
-    /// Ends `slot`'s lease: a key that still has pages rejoins the list as the most recently
-    /// used (it was in use until now).
-    pub(crate) fn end_lease(&mut self, slot: u32) {
-        debug_assert!(self.get(slot).lease_until > 0);
-        self.get_mut(slot).lease_until = 0;
-        self.leased -= 1;
-        if self.get(slot).pages.len() > 0 {
-            self.touch(slot);
         }
     }
 
@@ -403,16 +379,15 @@ impl KeyTable {
         self.vacant.push(slot);
     }
 
-    /// Rebuilds the hash index and the recency counts from the slots (after a restore).
+    /// Rebuilds the hash index and the recency count from the slots (after a restore).
     #[cfg(feature = "serde")]
     pub(crate) fn rebuild_index(&mut self) -> Result<(), alloc::string::String> {
         self.index = SlotIndex::with_capacity(self.slots.len());
-        self.listed = 0;
-        self.leased = 0;
+        self.committed = 0;
         for (slot, e) in self.slots.iter().enumerate() {
             let Some(e) = e else { continue };
             if e.pages.len() > 0 {
-                self.listed += 1;
+                self.committed += 1;
             }
             let tag = self.tag_of(&e.key);
             if self.index.find(tag, |s| holds(&self.slots, s, &e.key)).is_some() {
@@ -428,24 +403,6 @@ impl KeyTable {
         for e in self.slots.iter().flatten() {
             if bad_link(e.older) || bad_link(e.newer) {
                 return Err(alloc::format!("key {:?} links to a vacant slot", e.key));
-            }
-        }
-        // Images of older writers keep leased keys in the list: take them out (`listed` then
-        // counts exactly the keys left in it if the image was sound; `check` refuses it if not).
-        // (A leased key without pages was not counted as listed: `check` refuses it.)
-        for slot in 0..n {
-            let Some(e) = &self.slots[slot as usize] else { continue };
-            if e.lease_until == 0 {
-                continue;
-            }
-            self.leased += 1;
-            if e.pages.len() == 0 {
-                continue;
-            }
-            if self.in_recency(slot) {
-                self.unlink(slot);
-            } else {
-                self.listed -= 1;
             }
         }
         Ok(())
@@ -489,8 +446,7 @@ impl KeyTable {
                 self.slots.len() - live
             ));
         }
-        // The recency list runs oldest → newest through exactly the keys with committed pages
-        // and no lease; every leased key has pages.
+        // The recency list runs oldest → newest through exactly the keys with committed pages.
         let mut listed = 0usize;
         let mut prev = NIL;
         let mut cur = self.oldest;
@@ -504,9 +460,6 @@ impl KeyTable {
             if e.pages.len() == 0 {
                 return Err(format!("key {:?} without committed pages is in the recency list", e.key));
             }
-            if e.lease_until > 0 {
-                return Err(format!("key {:?} holding a lease is in the recency list", e.key));
-            }
             listed += 1;
             if listed > live {
                 return Err("recency list has a cycle".into());
@@ -517,19 +470,12 @@ impl KeyTable {
         if prev != self.newest {
             return Err(format!("recency list ends at {prev}, newest is {}", self.newest));
         }
-        let unleased = self.entries().filter(|(_, e)| e.pages.len() > 0 && e.lease_until == 0).count();
-        if listed != unleased || listed != self.listed {
+        let with_pages = self.entries().filter(|(_, e)| e.pages.len() > 0).count();
+        if listed != with_pages || listed != self.committed {
             return Err(format!(
-                "{listed} keys in the recency list, {unleased} unleased keys with pages, {} counted",
-                self.listed
+                "{listed} keys in the recency list, {with_pages} keys with pages, {} counted",
+                self.committed
             ));
-        }
-        if let Some((_, e)) = self.entries().find(|(_, e)| e.lease_until > 0 && e.pages.len() == 0) {
-            return Err(format!("key {:?} holds a lease but no page", e.key));
-        }
-        let leased = self.entries().filter(|(_, e)| e.lease_until > 0).count();
-        if leased != self.leased {
-            return Err(format!("{leased} keys hold a lease, {} counted", self.leased));
         }
         Ok(())
     }

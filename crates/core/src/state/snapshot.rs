@@ -367,45 +367,6 @@ mod tests {
     }
 
     #[test]
-    fn an_older_image_with_leased_keys_in_the_recency_list_restores_to_the_same_core() {
-        // Writers before session 6 kept leased keys in the recency list; today's keep them out.
-        let mut core = Core::new(3, Settings::default());
-        let v = Space::Vllm;
-        core.apply(0, &Command::Initialize { space: v.clone(), rank: 0, num_pages: 8 }).unwrap();
-        let keys: Vec<Key> = (1..=4).map(key).collect();
-        let Ok(Reply::Allocated(a)) =
-            core.apply(0, &Command::Allocate { space: v.clone(), rank: 0, keys: keys.clone() })
-        else {
-            panic!("allocate")
-        };
-        let confirmations = keys.iter().cloned().zip(a.iter().map(|a| a.page.unwrap())).collect();
-        core.apply(0, &Command::Confirm { space: v.clone(), rank: 0, confirmations, releases: alloc::vec![] }).unwrap();
-        core.apply(1, &Command::Locations { space: v.clone(), rank: 0, keys: alloc::vec![key(2), key(4)] }).unwrap();
-        let mut image: Image = postcard::from_bytes(&core.snapshot()[12..]).unwrap();
-        let sp = &mut image.spaces[0].1;
-        // Today's image: 1 ⇄ 3 listed; link the leased 2 and 4 in after them, as older writers did.
-        let slot = |k: u64, sp: &SpaceImage| {
-            sp.slots.iter().position(|e| e.as_ref().is_some_and(|e| e.key == key(k))).unwrap() as u32
-        };
-        let order: Vec<u32> = [1, 3, 2, 4].iter().map(|&k| slot(k, sp)).collect();
-        assert_eq!((sp.oldest, sp.newest), (order[0], order[1]));
-        for (i, &s) in order.iter().enumerate() {
-            let e = sp.slots[s as usize].as_mut().unwrap();
-            e.older = if i == 0 { crate::keys::NIL } else { order[i - 1] };
-            e.newer = order.get(i + 1).copied().unwrap_or(crate::keys::NIL);
-        }
-        sp.newest = order[3];
-        let mut old = Vec::from(MAGIC);
-        old.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        let old = postcard::to_extend(&image, old).unwrap();
-        let restored = Core::restore(&old).unwrap();
-        assert_eq!(restored.snapshot(), core.snapshot());
-        // Without the leased keys taken out, the list would hold them: the check refuses that.
-        let table = &restored.spaces[&v].keys;
-        assert_eq!((table.listed, table.leased), (2, 2));
-    }
-
-    #[test]
     fn a_snapshot_that_breaks_an_invariant_is_refused() {
         let mut core = Core::new(3, Settings::default());
         core.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 4 }).unwrap();
