@@ -87,12 +87,14 @@ pub(crate) struct Entry {
     /// [`NIL`] at the ends. Only keys with a committed page are in the list.
     pub(crate) older: u32,
     pub(crate) newer: u32,
+    /// Neighbours in the candidate list: the recency list without the keys holding a read
+    /// lease, in the same order (what the eviction walk follows). Derived: not in snapshots.
+    /// (A key's lease end lives beside the lease queue, not here: most keys hold none.)
+    pub(crate) cand_older: u32,
+    pub(crate) cand_newer: u32,
     /// Second (of the host's clock) of the key's first committed page: a key committed on
     /// only some ranks becomes evictable once the reservation TTL has passed since then.
     pub(crate) since_s: u32,
-    /// End of the key's read lease (ms); 0 when it holds none. A leased key is never evicted
-    /// and its pages are never handed to another key before this time.
-    pub(crate) lease_until: u64,
 }
 
 /// 32 bits of a key's hash: what the index keeps of it.
@@ -128,6 +130,9 @@ pub(crate) struct KeyTable {
     pub(crate) newest: u32,
     pub(crate) oldest: u32,
     pub(crate) committed: usize,
+    /// The candidate list's ends (see [`Entry::cand_older`]).
+    pub(crate) cand_newest: u32,
+    pub(crate) cand_oldest: u32,
 }
 
 impl core::fmt::Debug for KeyTable {
@@ -146,6 +151,8 @@ impl KeyTable {
             newest: NIL,
             oldest: NIL,
             committed: 0,
+            cand_newest: NIL,
+            cand_oldest: NIL,
         }
     }
 
@@ -224,7 +231,7 @@ impl KeyTable {
         crate::slot_index::prefetch(self.slots.as_ptr().wrapping_add(slot as usize));
     }
 
-    /// For a walk of the recency list that is about to visit `slot` (whose entry it asked for
+    /// For a walk of the candidate list that is about to visit `slot` (whose entry it asked for
     /// one step earlier): starts fetching `slot`'s index line and the next key's entry, so the
     /// walk waits for one miss a key instead of three in a row.
     pub(crate) fn prefetch_walk(&self, slot: u32) {
@@ -233,8 +240,8 @@ impl KeyTable {
         }
         let e = self.get(slot);
         self.index.prefetch(self.tag_of(&e.key));
-        if e.newer != NIL {
-            self.prefetch_entry(e.newer);
+        if e.cand_newer != NIL {
+            self.prefetch_entry(e.cand_newer);
         }
     }
 
@@ -290,8 +297,9 @@ impl KeyTable {
             reservations: 0,
             older: NIL,
             newer: NIL,
+            cand_older: NIL,
+            cand_newer: NIL,
             since_s: 0,
-            lease_until: 0,
         });
         if self.vacant.pop().is_some() {
             self.slots[slot as usize] = entry;
@@ -311,6 +319,9 @@ impl KeyTable {
         if self.newest == slot {
             return;
         }
+        // A key joining the list holds no lease (a lease needs a committed page); a listed key
+        // stays a candidate or not.
+        let candidate = !self.in_recency(slot) || self.in_candidates(slot);
         if self.in_recency(slot) {
             self.unlink(slot);
         }
@@ -327,6 +338,10 @@ impl KeyTable {
             self.oldest = slot;
         }
         self.newest = slot;
+        // The newest key of the recency list is the newest candidate, unless it is leased.
+        if candidate {
+            self.cand_link_after(slot, self.cand_newest);
+        }
     }
 
     /// Takes `slot` out of the recency list (no-op if it is not in it).
@@ -335,6 +350,7 @@ impl KeyTable {
             return;
         }
         self.committed -= 1;
+        self.cand_unlink(slot);
         let (older, newer) = {
             let e = self.get_mut(slot);
             let links = (e.older, e.newer);
@@ -352,6 +368,103 @@ impl KeyTable {
         } else {
             self.newest = older;
         }
+    }
+
+    /// Whether `slot` is in the candidate list.
+    fn in_candidates(&self, slot: u32) -> bool {
+        let e = self.get(slot);
+        e.cand_older != NIL || e.cand_newer != NIL || self.cand_newest == slot
+    }
+
+    /// Links `slot` (in no candidate list) into the candidate list just after `older` (NIL: as
+    /// the oldest).
+    fn cand_link_after(&mut self, slot: u32, older: u32) {
+        let newer = if older == NIL { self.cand_oldest } else { self.get(older).cand_newer };
+        {
+            let e = self.get_mut(slot);
+            e.cand_older = older;
+            e.cand_newer = newer;
+        }
+        if older == NIL {
+            self.cand_oldest = slot;
+        } else {
+            self.get_mut(older).cand_newer = slot;
+        }
+        if newer == NIL {
+            self.cand_newest = slot;
+        } else {
+            self.get_mut(newer).cand_older = slot;
+        }
+    }
+
+    /// Takes `slot` out of the candidate list (no-op if it is not in it).
+    fn cand_unlink(&mut self, slot: u32) {
+        if !self.in_candidates(slot) {
+            return;
+        }
+        let (older, newer) = {
+            let e = self.get_mut(slot);
+            let links = (e.cand_older, e.cand_newer);
+            e.cand_older = NIL;
+            e.cand_newer = NIL;
+            links
+        };
+        if older != NIL {
+            self.get_mut(older).cand_newer = newer;
+        } else {
+            self.cand_oldest = newer;
+        }
+        if newer != NIL {
+            self.get_mut(newer).cand_older = older;
+        } else {
+            self.cand_newest = older;
+        }
+    }
+
+    /// `slot`'s read lease starts: it is no candidate for eviction until the lease ends.
+    pub(crate) fn leave_candidates(&mut self, slot: u32) {
+        self.cand_unlink(slot);
+    }
+
+    /// `slot`'s read lease ends: a key in the recency list is a candidate again, at its place
+    /// in recency order (so when leases end never changes what is evicted). That place is found
+    /// by stepping from the key through its recency neighbours, older and newer in turn, until
+    /// one is a candidate or an end of the list is reached: as many steps as the nearer run of
+    /// leased neighbours is long (leases mostly end in recency order, since a read both leases
+    /// and touches a key, so that run is short).
+    pub(crate) fn join_candidates(&mut self, slot: u32) {
+        if !self.in_recency(slot) || self.in_candidates(slot) {
+            return;
+        }
+        let (mut older, mut newer) = {
+            let e = self.get(slot);
+            (e.older, e.newer)
+        };
+        loop {
+            if older == NIL || self.in_candidates(older) {
+                // Every key between `older` and `slot` is leased: `slot` comes just after it.
+                self.cand_link_after(slot, older);
+                return;
+            }
+            if newer == NIL || self.in_candidates(newer) {
+                let before = if newer == NIL { self.cand_newest } else { self.get(newer).cand_older };
+                self.cand_link_after(slot, before);
+                return;
+            }
+            older = self.get(older).older;
+            newer = self.get(newer).newer;
+        }
+    }
+
+    /// The least recently used candidate for eviction (committed, no lease), if any.
+    pub(crate) fn oldest_candidate(&self) -> Option<u32> {
+        (self.cand_oldest != NIL).then_some(self.cand_oldest)
+    }
+
+    /// The candidate used just after `slot`, if any.
+    pub(crate) fn newer_candidate(&self, slot: u32) -> Option<u32> {
+        let n = self.get(slot).cand_newer;
+        (n != NIL).then_some(n)
     }
 
     /// The least recently used key, if any.
@@ -379,9 +492,10 @@ impl KeyTable {
         self.vacant.push(slot);
     }
 
-    /// Rebuilds the hash index and the recency count from the slots (after a restore).
+    /// Rebuilds the hash index, the recency count and the candidate list (the listed keys that
+    /// are not `leased`) from the slots (after a restore).
     #[cfg(feature = "serde")]
-    pub(crate) fn rebuild_index(&mut self) -> Result<(), alloc::string::String> {
+    pub(crate) fn rebuild_index(&mut self, leased: impl Fn(u32) -> bool) -> Result<(), alloc::string::String> {
         self.index = SlotIndex::with_capacity(self.slots.len());
         self.committed = 0;
         for (slot, e) in self.slots.iter().enumerate() {
@@ -405,6 +519,26 @@ impl KeyTable {
                 return Err(alloc::format!("key {:?} links to a vacant slot", e.key));
             }
         }
+        // The candidate list: the recency list's keys without a lease, in its order (at most
+        // one step per slot, so a cycle in a damaged image ends here; `check` refuses it).
+        self.cand_oldest = NIL;
+        self.cand_newest = NIL;
+        let mut cur = self.oldest;
+        for _ in 0..self.slots.len() {
+            if cur == NIL {
+                break;
+            }
+            let next = {
+                let e = self.slots[cur as usize].as_mut().expect("links checked above");
+                e.cand_older = NIL;
+                e.cand_newer = NIL;
+                e.newer
+            };
+            if !leased(cur) {
+                self.cand_link_after(cur, self.cand_newest);
+            }
+            cur = next;
+        }
         Ok(())
     }
 
@@ -413,8 +547,9 @@ impl KeyTable {
         self.slots.iter().enumerate().filter_map(|(i, e)| e.as_ref().map(|e| (i as u32, e)))
     }
 
-    /// Checks that the index and the slab agree; O(table).
-    pub(crate) fn check(&self) -> Result<(), alloc::string::String> {
+    /// Checks that the index and the slab agree, and the lists (`leased`: whether a slot holds
+    /// a read lease); O(table).
+    pub(crate) fn check(&self, leased: impl Fn(u32) -> bool) -> Result<(), alloc::string::String> {
         use alloc::format;
         let live = self.slots.iter().filter(|e| e.is_some()).count();
         if live != self.index.len() {
@@ -477,6 +612,39 @@ impl KeyTable {
                 self.committed
             ));
         }
+        // The candidate list is the recency list without the leased keys, in the same order.
+        let mut want = Vec::new();
+        let mut cur = self.oldest;
+        while cur != NIL {
+            if !leased(cur) {
+                want.push(cur);
+            }
+            cur = self.get(cur).newer;
+        }
+        let mut prev = NIL;
+        let mut cur = self.cand_oldest;
+        for (i, &w) in want.iter().enumerate() {
+            if cur != w {
+                return Err(format!("candidate {i} is slot {cur}, the recency list's unleased key {i} is {w}"));
+            }
+            if self.get(cur).cand_older != prev {
+                return Err(format!("candidate list: slot {cur} points back at the wrong slot"));
+            }
+            prev = cur;
+            cur = self.get(cur).cand_newer;
+        }
+        if cur != NIL || self.cand_newest != prev {
+            return Err(format!("the candidate list does not end after its {} keys", want.len()));
+        }
+        let mut is_candidate = alloc::vec![false; self.slots.len()];
+        for &w in &want {
+            is_candidate[w as usize] = true;
+        }
+        if let Some((_, e)) =
+            self.entries().find(|&(s, e)| !is_candidate[s as usize] && (e.cand_older != NIL || e.cand_newer != NIL))
+        {
+            return Err(format!("key {:?} is linked as a candidate but is none", e.key));
+        }
         Ok(())
     }
 }
@@ -511,10 +679,55 @@ mod tests {
         t.unlink(slots[2]);
         t.get_mut(slots[2]).pages = RankPages::None;
         t.release_if_unused(slots[2]);
-        t.check().unwrap();
+        t.check(|_| false).unwrap();
         t.unlink(slots[1]);
         t.unlink(slots[0]);
         assert!(order(&t).is_empty(), "the recency list is empty");
+    }
+
+    fn candidates(t: &KeyTable) -> Vec<u32> {
+        let mut v = Vec::new();
+        let mut cur = t.oldest_candidate();
+        while let Some(s) = cur {
+            v.push(s);
+            cur = t.newer_candidate(s);
+        }
+        v
+    }
+
+    #[test]
+    fn a_key_whose_lease_ends_is_a_candidate_again_at_its_recency_place() {
+        let mut t = KeyTable::new(3);
+        let s: Vec<u32> = ["a", "b", "c", "d", "e"].iter().map(|k| t.find_or_insert(&Key::parse(k).unwrap())).collect();
+        for &x in &s {
+            t.get_mut(x).pages.insert(0, x);
+            t.touch(x);
+        }
+        assert_eq!(candidates(&t), s);
+        let mut leased = alloc::vec![false; 5];
+        for i in [0, 1, 2, 3] {
+            t.leave_candidates(s[i]);
+            leased[i] = true;
+        }
+        t.touch(s[1]); // a read of a leased key: recency a c d e b, candidates e
+        assert_eq!((order(&t), candidates(&t)), (alloc::vec![s[0], s[2], s[3], s[4], s[1]], alloc::vec![s[4]]));
+        t.check(|x| leased[x as usize]).unwrap();
+        // Ends in any order; each finds its place through its nearer side.
+        for (i, want) in [
+            (2, alloc::vec![s[2], s[4]]),             // c: a and d are leased, then the old end: first
+            (1, alloc::vec![s[2], s[4], s[1]]),       // b: the newest: after e
+            (0, alloc::vec![s[0], s[2], s[4], s[1]]), // a: the oldest
+            (3, alloc::vec![s[0], s[2], s[3], s[4], s[1]]),
+        ] {
+            leased[i] = false;
+            t.join_candidates(s[i]);
+            assert_eq!(candidates(&t), want, "after {i}");
+            t.check(|x| leased[x as usize]).unwrap();
+        }
+        // The check refuses a candidate list out of recency order.
+        t.leave_candidates(s[0]);
+        t.cand_link_after(s[0], s[4]);
+        assert!(t.check(|_| false).unwrap_err().starts_with("candidate 0 is slot"));
     }
 
     #[test]
@@ -529,18 +742,18 @@ mod tests {
             t.unlink(slots[1]);
             t.get_mut(slots[1]).pages = RankPages::None;
             t.release_if_unused(slots[1]);
-            t.check().unwrap();
+            t.check(|_| false).unwrap();
             (t, slots[1])
         };
         let (mut t, vacated) = table();
         t.vacant.push(vacated);
-        assert_eq!(t.check().unwrap_err(), alloc::format!("vacant slot {vacated} is listed twice"));
+        assert_eq!(t.check(|_| false).unwrap_err(), alloc::format!("vacant slot {vacated} is listed twice"));
         let (mut t, _) = table();
         t.vacant.push(7);
-        assert_eq!(t.check().unwrap_err(), "vacant slot 7 is out of range (3 slots)");
+        assert_eq!(t.check(|_| false).unwrap_err(), "vacant slot 7 is out of range (3 slots)");
         let (mut t, _) = table();
         t.vacant.clear();
-        assert_eq!(t.check().unwrap_err(), "0 vacant slots listed, 1 slots are empty");
+        assert_eq!(t.check(|_| false).unwrap_err(), "0 vacant slots listed, 1 slots are empty");
     }
 
     #[test]

@@ -173,7 +173,8 @@ fn space_out(sp: &SpaceState) -> SpaceImage {
             .keys
             .slots
             .iter()
-            .map(|e| {
+            .enumerate()
+            .map(|(slot, e)| {
                 e.as_ref().map(|e| EntryImage {
                     key: e.key.clone(),
                     pages: e.pages.iter().collect(),
@@ -181,7 +182,7 @@ fn space_out(sp: &SpaceState) -> SpaceImage {
                     older: e.older,
                     newer: e.newer,
                     since_s: e.since_s,
-                    lease_until: e.lease_until,
+                    lease_until: sp.leases.until(slot as u32),
                 })
             })
             .collect(),
@@ -221,6 +222,12 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
         }
     }
     let mut keys = KeyTable::new(seed);
+    let mut leases = Leases::default();
+    for (slot, e) in img.slots.iter().enumerate() {
+        if let Some(e) = e.as_ref().filter(|e| e.lease_until > 0) {
+            leases.set_until(slot as u32, e.lease_until);
+        }
+    }
     keys.slots = img
         .slots
         .into_iter()
@@ -236,8 +243,9 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
                     reservations: e.reservations,
                     older: e.older,
                     newer: e.newer,
+                    cand_older: crate::keys::NIL,
+                    cand_newer: crate::keys::NIL,
                     since_s: e.since_s,
-                    lease_until: e.lease_until,
                 }
             })
         })
@@ -245,13 +253,13 @@ fn space_in(img: SpaceImage, seed: u64) -> Result<SpaceState, String> {
     keys.vacant = img.vacant;
     keys.newest = img.newest;
     keys.oldest = img.oldest;
-    keys.rebuild_index()?;
+    keys.rebuild_index(|slot| leases.until(slot) > 0)?;
     // Each running lease's live end: its latest queued end not past `lease_until` (images of
     // older writers queued one entry per extension, the live one at exactly `lease_until`).
-    let mut leases = Leases::default();
     let mut live: BTreeMap<u32, u64> = BTreeMap::new();
     for (at, slot) in img.leases {
-        if keys.get_live(slot).is_some_and(|e| e.lease_until > 0 && at <= e.lease_until) {
+        let until = leases.until(slot);
+        if until > 0 && at <= until {
             let best = live.entry(slot).or_insert(at);
             *best = (*best).max(at);
         }

@@ -67,7 +67,7 @@ impl Core {
                 Page::Free => continue,
                 Page::Reserved { .. } => 1,
                 Page::Committed { slot } => {
-                    if sp.keys.get(slot).lease_until > 0 {
+                    if sp.leases.until(slot) > 0 {
                         3
                     } else {
                         2
@@ -98,7 +98,7 @@ impl Core {
             },
             Page::Committed { slot } => {
                 let e = sp.keys.get(slot);
-                PageView::Committed { key: e.key.clone(), leased: e.lease_until > 0, since_s: e.since_s }
+                PageView::Committed { key: e.key.clone(), leased: sp.leases.until(slot) > 0, since_s: e.since_s }
             }
             Page::Quarantined { generation } => PageView::Quarantined {
                 until: deadline(&sp.expired, rank, page, generation)
