@@ -519,27 +519,27 @@ impl KeyTable {
                 return Err(alloc::format!("key {:?} links to a vacant slot", e.key));
             }
         }
-        // The candidate list: the recency list's keys without a lease, in its order (at most
-        // one step per slot, so a cycle in a damaged image ends here; `check` refuses it).
+        self.rebuild_candidates(leased);
+        Ok(())
+    }
+
+    /// Rebuilds the candidate list from the recency list: its keys that are not `leased`, in
+    /// its order; O(keys). At most one step per slot, so a cycle in a damaged image ends here
+    /// (`check` refuses it). Every key not in the recency list must have no candidate links.
+    pub(crate) fn rebuild_candidates(&mut self, leased: impl Fn(u32) -> bool) {
         self.cand_oldest = NIL;
         self.cand_newest = NIL;
         let mut cur = self.oldest;
         for _ in 0..self.slots.len() {
-            if cur == NIL {
-                break;
-            }
-            let next = {
-                let e = self.slots[cur as usize].as_mut().expect("links checked above");
-                e.cand_older = NIL;
-                e.cand_newer = NIL;
-                e.newer
-            };
+            let Some(e) = self.slots.get_mut(cur as usize).and_then(Option::as_mut) else { break };
+            e.cand_older = NIL;
+            e.cand_newer = NIL;
+            let next = e.newer;
             if !leased(cur) {
                 self.cand_link_after(cur, self.cand_newest);
             }
             cur = next;
         }
-        Ok(())
     }
 
     /// Live entries in slot order (deterministic); O(table), for checks and snapshots.

@@ -256,14 +256,26 @@ impl SpaceState {
                 }
             }
         }
+        let mut ended = Vec::new();
         while let Some((_, slot)) = self.leases.pop_due(now) {
             let until = self.leases.until(slot);
             if until > now {
                 // Extended since this entry was queued: it ends later.
                 self.leases.start(until, slot);
             } else {
-                self.set_unleased(slot);
+                ended.push(slot);
             }
+        }
+        // Each ending lease finds its key's candidate place through its recency neighbours;
+        // when a large share of the keys' leases end at once (`LeaseAll` after a recovery ends
+        // every lease in one drain, in slot order), one pass over the recency list is cheaper.
+        let rebuild = ended.len() > 1024 && ended.len() * 8 > self.keys.committed_len();
+        for &slot in &ended {
+            self.set_unleased(slot, !rebuild);
+        }
+        if rebuild {
+            let leases = &self.leases;
+            self.keys.rebuild_candidates(|slot| leases.until(slot) > 0);
         }
         self.reservations.shrink();
         self.expired.shrink();
@@ -343,12 +355,16 @@ impl SpaceState {
         }
     }
 
-    fn set_unleased(&mut self, slot: u32) {
+    /// Ends `slot`'s lease; `rejoin`: put it back among the eviction candidates now (else the
+    /// caller rebuilds the candidate list).
+    fn set_unleased(&mut self, slot: u32, rejoin: bool) {
         if self.leases.until(slot) == 0 {
             return;
         }
         self.leases.set_until(slot, 0);
-        self.keys.join_candidates(slot);
+        if rejoin {
+            self.keys.join_candidates(slot);
+        }
         self.leases.forget(slot);
         for (rank, _) in self.keys.get(slot).pages.iter() {
             self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(-1);
@@ -618,7 +634,10 @@ impl Core {
             let n = u64::from(sp.ranks[&rank].num_pages());
             let high = n * u64::from(settings.evict_high_permille) / 1000;
             if counts.free < fresh || n - u64::from(counts.free) + u64::from(fresh) > high {
-                let protected = hits.iter().flatten().next().map(|&(slot, _)| slot);
+                // The batch's hits are the newest keys; the walk stops at the first of them it
+                // can reach: the oldest hit without a lease (a leased one is no candidate, and
+                // a lease outlives a setting that lowered the read lease to 0).
+                let protected = hits.iter().flatten().map(|&(slot, _)| slot).find(|&slot| sp.leases.until(slot) == 0);
                 sp.make_room(&settings, now, rank, fresh, protected);
                 // Evicted keys lost their slots (hits are protected and keep theirs).
                 found = find(sp);
@@ -1251,6 +1270,51 @@ mod tests {
         // read touched them), whatever order their ends were handled in.
         core.apply(5_001, &Command::Delete { space: v.clone(), keys: vec![Key::parse("none").unwrap()] }).unwrap();
         let want: Vec<u32> = (0..1_000).filter(|&i| i != 500).map(|i| slot(&core, &keys[i])).collect();
+        assert_eq!(candidates(&core, &v), want);
+        core.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_hit_is_not_evicted_by_its_own_batch_after_the_read_lease_is_set_to_zero() {
+        // The oldest hit still holds a lease from before the setting (so it is no candidate):
+        // the walk must still stop at the batch's hits (found by a review's differential run).
+        let v = Space::Vllm;
+        let settings = Settings { quarantine: 0, ..Settings::default() };
+        let mut core = Core::new(1, settings);
+        core.apply(0, &Command::Initialize { space: v.clone(), rank: 0, num_pages: 2 }).unwrap();
+        let (a, b, d) = (Key::parse("a").unwrap(), Key::parse("b").unwrap(), Key::parse("d").unwrap());
+        store(&mut core, 0, &v, &[a.clone(), b.clone()]);
+        core.apply(1, &Command::Locations { space: v.clone(), rank: 0, keys: vec![a.clone()] }).unwrap();
+        core.apply(2, &Command::Configure(Settings { read_lease: 0, ..settings })).unwrap();
+        let reply = core.apply(3, &Command::Allocate { space: v.clone(), rank: 0, keys: vec![a, b.clone(), d] });
+        let want = vec![
+            Allocation { index: 0, page: Some(0), cached: true },
+            Allocation { index: 1, page: Some(1), cached: true },
+            Allocation { index: 2, page: None, cached: false },
+        ];
+        assert_eq!(reply, Ok(Reply::Allocated(want)));
+        assert!(core.apply(3, &Command::Inspect { space: v.clone(), key: b }).unwrap() != Reply::Key(None));
+        core.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_wave_of_lease_ends_rebuilds_the_candidates_in_recency_order() {
+        // LeaseAll (as after a recovery), with recency unrelated to slot order: every lease
+        // ends in one drain, which rebuilds the candidate list in one pass.
+        let v = Space::Vllm;
+        let mut core = Core::new(1, Settings { read_lease: 1_000, ..Settings::default() });
+        core.apply(0, &Command::Initialize { space: v.clone(), rank: 0, num_pages: 4_096 }).unwrap();
+        let keys: Vec<Key> = (0..3_000).map(|i| Key::parse(&alloc::format!("k{i}")).unwrap()).collect();
+        store(&mut core, 0, &v, &keys);
+        // Reads (lease 0: none) in a scrambled order make the recency order differ from slots.
+        core.apply(1, &Command::Configure(Settings { read_lease: 0, ..Settings::default() })).unwrap();
+        let scrambled: Vec<Key> = (0..3_000).map(|i| keys[(i * 1_237) % 3_000].clone()).collect();
+        core.apply(1, &Command::Locations { space: v.clone(), rank: 0, keys: scrambled.clone() }).unwrap();
+        core.apply(2, &Command::Configure(Settings { read_lease: 1_000, ..Settings::default() })).unwrap();
+        assert_eq!(core.apply(2, &Command::LeaseAll), Ok(Reply::Leased(3_000)));
+        assert!(candidates(&core, &v).is_empty());
+        core.apply(1_002, &Command::Delete { space: v.clone(), keys: vec![Key::parse("none").unwrap()] }).unwrap();
+        let want: Vec<u32> = scrambled.iter().map(|k| core.spaces[&v].keys.find(k).unwrap()).collect();
         assert_eq!(candidates(&core, &v), want);
         core.check_invariants().unwrap();
     }
