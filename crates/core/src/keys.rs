@@ -119,6 +119,14 @@ fn next_slot(vacant: &[u32], len: usize) -> u32 {
 /// "No slot": the end of the recency list.
 pub(crate) const NIL: u32 = u32::MAX;
 
+/// The two intrusive lists through the entries: the recency list of committed keys, and the
+/// candidate list (the same order, without the keys holding a read lease).
+#[derive(Clone, Copy, Debug)]
+enum List {
+    Recency,
+    Candidates,
+}
+
 /// Slab + hash index of keys.
 #[derive(Clone)]
 pub(crate) struct KeyTable {
@@ -308,10 +316,90 @@ impl KeyTable {
         }
     }
 
+    /// `slot`'s (older, newer) links in `list`.
+    fn links(&self, list: List, slot: u32) -> (u32, u32) {
+        let e = self.get(slot);
+        match list {
+            List::Recency => (e.older, e.newer),
+            List::Candidates => (e.cand_older, e.cand_newer),
+        }
+    }
+
+    fn set_older(&mut self, list: List, slot: u32, older: u32) {
+        let e = self.get_mut(slot);
+        *match list {
+            List::Recency => &mut e.older,
+            List::Candidates => &mut e.cand_older,
+        } = older;
+    }
+
+    fn set_newer(&mut self, list: List, slot: u32, newer: u32) {
+        let e = self.get_mut(slot);
+        *match list {
+            List::Recency => &mut e.newer,
+            List::Candidates => &mut e.cand_newer,
+        } = newer;
+    }
+
+    /// `list`'s (oldest, newest) ends.
+    fn ends(&mut self, list: List) -> (&mut u32, &mut u32) {
+        match list {
+            List::Recency => (&mut self.oldest, &mut self.newest),
+            List::Candidates => (&mut self.cand_oldest, &mut self.cand_newest),
+        }
+    }
+
+    /// Whether `slot` is in `list`.
+    fn listed(&self, list: List, slot: u32) -> bool {
+        let (older, newer) = self.links(list, slot);
+        let newest = match list {
+            List::Recency => self.newest,
+            List::Candidates => self.cand_newest,
+        };
+        older != NIL || newer != NIL || newest == slot
+    }
+
+    /// Links `slot` (not in `list`) into `list` just after `older` (NIL: as the oldest).
+    fn link_after(&mut self, list: List, slot: u32, older: u32) {
+        let newer = if older == NIL { *self.ends(list).0 } else { self.links(list, older).1 };
+        self.set_older(list, slot, older);
+        self.set_newer(list, slot, newer);
+        if older == NIL {
+            *self.ends(list).0 = slot;
+        } else {
+            self.set_newer(list, older, slot);
+        }
+        if newer == NIL {
+            *self.ends(list).1 = slot;
+        } else {
+            self.set_older(list, newer, slot);
+        }
+    }
+
+    /// Takes `slot` out of `list` (no-op if it is not in it); returns whether it was in it.
+    fn unlink_from(&mut self, list: List, slot: u32) -> bool {
+        if !self.listed(list, slot) {
+            return false;
+        }
+        let (older, newer) = self.links(list, slot);
+        self.set_older(list, slot, NIL);
+        self.set_newer(list, slot, NIL);
+        if older != NIL {
+            self.set_newer(list, older, newer);
+        } else {
+            *self.ends(list).0 = newer;
+        }
+        if newer != NIL {
+            self.set_older(list, newer, older);
+        } else {
+            *self.ends(list).1 = older;
+        }
+        true
+    }
+
     /// Whether `slot` is in the recency list.
     pub(crate) fn in_recency(&self, slot: u32) -> bool {
-        let e = self.get(slot);
-        e.older != NIL || e.newer != NIL || self.newest == slot
+        self.listed(List::Recency, slot)
     }
 
     /// Puts `slot` at the most recently used end (inserting it if it is not in the list).
@@ -322,108 +410,31 @@ impl KeyTable {
         // A key joining the list holds no lease (a lease needs a committed page); a listed key
         // stays a candidate or not.
         let candidate = !self.in_recency(slot) || self.in_candidates(slot);
-        if self.in_recency(slot) {
-            self.unlink(slot);
-        }
+        self.unlink(slot);
         self.committed += 1;
-        let old_newest = self.newest;
-        {
-            let e = self.get_mut(slot);
-            e.older = old_newest;
-            e.newer = NIL;
-        }
-        if old_newest != NIL {
-            self.get_mut(old_newest).newer = slot;
-        } else {
-            self.oldest = slot;
-        }
-        self.newest = slot;
+        self.link_after(List::Recency, slot, self.newest);
         // The newest key of the recency list is the newest candidate, unless it is leased.
         if candidate {
-            self.cand_link_after(slot, self.cand_newest);
+            self.link_after(List::Candidates, slot, self.cand_newest);
         }
     }
 
     /// Takes `slot` out of the recency list (no-op if it is not in it).
     pub(crate) fn unlink(&mut self, slot: u32) {
-        if !self.in_recency(slot) {
-            return;
-        }
-        self.committed -= 1;
-        self.cand_unlink(slot);
-        let (older, newer) = {
-            let e = self.get_mut(slot);
-            let links = (e.older, e.newer);
-            e.older = NIL;
-            e.newer = NIL;
-            links
-        };
-        if older != NIL {
-            self.get_mut(older).newer = newer;
-        } else {
-            self.oldest = newer;
-        }
-        if newer != NIL {
-            self.get_mut(newer).older = older;
-        } else {
-            self.newest = older;
+        if self.unlink_from(List::Recency, slot) {
+            self.committed -= 1;
+            self.unlink_from(List::Candidates, slot);
         }
     }
 
     /// Whether `slot` is in the candidate list.
     fn in_candidates(&self, slot: u32) -> bool {
-        let e = self.get(slot);
-        e.cand_older != NIL || e.cand_newer != NIL || self.cand_newest == slot
-    }
-
-    /// Links `slot` (in no candidate list) into the candidate list just after `older` (NIL: as
-    /// the oldest).
-    fn cand_link_after(&mut self, slot: u32, older: u32) {
-        let newer = if older == NIL { self.cand_oldest } else { self.get(older).cand_newer };
-        {
-            let e = self.get_mut(slot);
-            e.cand_older = older;
-            e.cand_newer = newer;
-        }
-        if older == NIL {
-            self.cand_oldest = slot;
-        } else {
-            self.get_mut(older).cand_newer = slot;
-        }
-        if newer == NIL {
-            self.cand_newest = slot;
-        } else {
-            self.get_mut(newer).cand_older = slot;
-        }
-    }
-
-    /// Takes `slot` out of the candidate list (no-op if it is not in it).
-    fn cand_unlink(&mut self, slot: u32) {
-        if !self.in_candidates(slot) {
-            return;
-        }
-        let (older, newer) = {
-            let e = self.get_mut(slot);
-            let links = (e.cand_older, e.cand_newer);
-            e.cand_older = NIL;
-            e.cand_newer = NIL;
-            links
-        };
-        if older != NIL {
-            self.get_mut(older).cand_newer = newer;
-        } else {
-            self.cand_oldest = newer;
-        }
-        if newer != NIL {
-            self.get_mut(newer).cand_older = older;
-        } else {
-            self.cand_newest = older;
-        }
+        self.listed(List::Candidates, slot)
     }
 
     /// `slot`'s read lease starts: it is no candidate for eviction until the lease ends.
     pub(crate) fn leave_candidates(&mut self, slot: u32) {
-        self.cand_unlink(slot);
+        self.unlink_from(List::Candidates, slot);
     }
 
     /// `slot`'s read lease ends: a key in the recency list is a candidate again, at its place
@@ -443,12 +454,12 @@ impl KeyTable {
         loop {
             if older == NIL || self.in_candidates(older) {
                 // Every key between `older` and `slot` is leased: `slot` comes just after it.
-                self.cand_link_after(slot, older);
+                self.link_after(List::Candidates, slot, older);
                 return;
             }
             if newer == NIL || self.in_candidates(newer) {
                 let before = if newer == NIL { self.cand_newest } else { self.get(newer).cand_older };
-                self.cand_link_after(slot, before);
+                self.link_after(List::Candidates, slot, before);
                 return;
             }
             older = self.get(older).older;
@@ -536,7 +547,7 @@ impl KeyTable {
             e.cand_newer = NIL;
             let next = e.newer;
             if !leased(cur) {
-                self.cand_link_after(cur, self.cand_newest);
+                self.link_after(List::Candidates, cur, self.cand_newest);
             }
             cur = next;
         }
@@ -581,7 +592,9 @@ impl KeyTable {
                 self.slots.len() - live
             ));
         }
-        // The recency list runs oldest → newest through exactly the keys with committed pages.
+        // The recency list runs oldest → newest through exactly the keys with committed pages;
+        // `want`: its unleased keys, what the candidate list must hold, in that order.
+        let mut want = Vec::new();
         let mut listed = 0usize;
         let mut prev = NIL;
         let mut cur = self.oldest;
@@ -599,6 +612,9 @@ impl KeyTable {
             if listed > live {
                 return Err("recency list has a cycle".into());
             }
+            if !leased(cur) {
+                want.push(cur);
+            }
             prev = cur;
             cur = e.newer;
         }
@@ -613,14 +629,6 @@ impl KeyTable {
             ));
         }
         // The candidate list is the recency list without the leased keys, in the same order.
-        let mut want = Vec::new();
-        let mut cur = self.oldest;
-        while cur != NIL {
-            if !leased(cur) {
-                want.push(cur);
-            }
-            cur = self.get(cur).newer;
-        }
         let mut prev = NIL;
         let mut cur = self.cand_oldest;
         for (i, &w) in want.iter().enumerate() {
@@ -726,7 +734,7 @@ mod tests {
         }
         // The check refuses a candidate list out of recency order.
         t.leave_candidates(s[0]);
-        t.cand_link_after(s[0], s[4]);
+        t.link_after(List::Candidates, s[0], s[4]);
         assert!(t.check(|_| false).unwrap_err().starts_with("candidate 0 is slot"));
     }
 

@@ -1247,15 +1247,21 @@ mod tests {
         pages
     }
 
+    /// A core with one vLLM rank of `pages` pages holding `n` keys `k0`, `k1`, … (stored at 0).
+    fn stored_core(settings: Settings, pages: u32, n: usize) -> (Core, Vec<Key>, Vec<u32>) {
+        let mut core = Core::new(1, settings);
+        core.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: pages }).unwrap();
+        let keys: Vec<Key> = (0..n).map(|i| Key::parse(&alloc::format!("k{i}")).unwrap()).collect();
+        let stored = store(&mut core, 0, &Space::Vllm, &keys);
+        (core, keys, stored)
+    }
+
     #[test]
     fn the_eviction_walk_never_steps_over_leased_keys() {
         // A full pool whose keys are all being read but one: the walk must reach that one at
         // once (it used to step over every leased key on each allocate: ~15 ms at 10^6 keys).
         let v = Space::Vllm;
-        let mut core = Core::new(1, Settings { read_lease: 5_000, ..Settings::default() });
-        core.apply(0, &Command::Initialize { space: v.clone(), rank: 0, num_pages: 1_000 }).unwrap();
-        let keys: Vec<Key> = (0..1_000).map(|i| Key::parse(&alloc::format!("k{i}")).unwrap()).collect();
-        let pages = store(&mut core, 0, &v, &keys);
+        let (mut core, keys, pages) = stored_core(Settings { read_lease: 5_000, ..Settings::default() }, 1_000, 1_000);
         assert_eq!(candidates(&core, &v).len(), 1_000);
         // Read every key but the 500th.
         let read: Vec<Key> = keys.iter().enumerate().filter(|&(i, _)| i != 500).map(|(_, k)| k.clone()).collect();
@@ -1302,10 +1308,7 @@ mod tests {
         // LeaseAll (as after a recovery), with recency unrelated to slot order: every lease
         // ends in one drain, which rebuilds the candidate list in one pass.
         let v = Space::Vllm;
-        let mut core = Core::new(1, Settings { read_lease: 1_000, ..Settings::default() });
-        core.apply(0, &Command::Initialize { space: v.clone(), rank: 0, num_pages: 4_096 }).unwrap();
-        let keys: Vec<Key> = (0..3_000).map(|i| Key::parse(&alloc::format!("k{i}")).unwrap()).collect();
-        store(&mut core, 0, &v, &keys);
+        let (mut core, keys, _) = stored_core(Settings { read_lease: 1_000, ..Settings::default() }, 4_096, 3_000);
         // Reads (lease 0: none) in a scrambled order make the recency order differ from slots.
         core.apply(1, &Command::Configure(Settings { read_lease: 0, ..Settings::default() })).unwrap();
         let scrambled: Vec<Key> = (0..3_000).map(|i| keys[(i * 1_237) % 3_000].clone()).collect();
