@@ -37,7 +37,25 @@ pub fn pack_core_key(out: &mut Vec<u8>, key: &Key) {
 
 /// Decodes a packed batch, refusing (never trapping on) anything malformed; `keys[i]` names
 /// the culprit the way the host's JSON errors do.
-pub(crate) fn unpack_keys(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
+pub(crate) fn unpack_keys(bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
+    match unpack_raw(bytes) {
+        Some(keys) => Ok(keys),
+        None => unpack_any(bytes),
+    }
+}
+
+/// The common batch, every key in the raw form (vLLM's and SGLang's 32-hex keys), decoded in
+/// one pass without per-key checks of the length; `None` for any other batch.
+fn unpack_raw(bytes: &[u8]) -> Option<Vec<Key>> {
+    let (keys, []) = bytes.as_chunks::<18>() else { return None };
+    if !keys.iter().all(|[lo, hi, ..]| u16::from_le_bytes([*lo, *hi]) == RAW_HEX) {
+        return None;
+    }
+    Some(keys.iter().map(|[_, _, raw @ ..]| Key::Hex(*raw)).collect())
+}
+
+/// Any batch: raw and text keys mixed, or malformed (refused with the culprit's index).
+fn unpack_any(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
     let bad = |i: usize, why: &str| wit::Error::InvalidInput(alloc::format!("keys[{i}]: {why}"));
     // Sized for raw hex keys (18 bytes each, the common form); text keys grow it as needed.
     let mut keys = Vec::with_capacity(bytes.len() / 18 + 1);

@@ -273,6 +273,42 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_decodes_alike_by_the_raw_fast_path_and_the_general_one() {
+        use kvpages_core::Key;
+        let hex = [
+            "386b2d9cf5aa91ba3a4b42c35396c822",
+            "00000000000000000000000000000000",
+            "ffffffffffffffffffffffffffffffff",
+        ];
+        let keys: Vec<Key> = hex.iter().map(|k| Key::parse(k).unwrap()).collect();
+        let mut raw = Vec::new();
+        for k in &keys {
+            convert::pack_core_key(&mut raw, k);
+        }
+        // All raw: the fast path, the same keys as the text form gives.
+        assert_eq!(convert::unpack_keys(&raw).unwrap(), keys);
+        assert_eq!(convert::unpack_keys(&packed(&hex)).unwrap(), keys);
+        assert_eq!(convert::unpack_keys(&[]).unwrap(), Vec::<Key>::new());
+        // A 16-byte text key is an 18-byte record too, but not a raw one: the general path.
+        let mut mixed = raw.clone();
+        convert::pack_key(&mut mixed, "sixteen-byte-key");
+        assert_eq!(mixed.len(), 4 * 18);
+        let got = convert::unpack_keys(&mixed).unwrap();
+        assert_eq!(got[..3], keys[..]);
+        assert_eq!(got[3], Key::Text("sixteen-byte-key".into()));
+        // Malformed after good raw keys: refused, naming the culprit.
+        let mut cut = raw.clone();
+        cut.extend_from_slice(&[0x10, 0x80, 1]);
+        let why = "keys[3]: 16 raw bytes announced, 1 left";
+        assert_eq!(convert::unpack_keys(&cut).unwrap_err(), wit::Error::InvalidInput(why.into()));
+        let mut odd = raw;
+        odd.extend_from_slice(&[0x11, 0x80]);
+        odd.extend_from_slice(&[7; 16]);
+        let why = "keys[3]: prefix 0x8011: the only raw form is 0x8010";
+        assert_eq!(convert::unpack_keys(&odd).unwrap_err(), wit::Error::InvalidInput(why.into()));
+    }
+
+    #[test]
     fn malformed_arguments_are_refused_not_trapped() {
         let _serial = TEST_LOCK.lock().unwrap();
         Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
