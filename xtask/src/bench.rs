@@ -144,7 +144,178 @@ fn report(out: &Path, docs: &Path) -> Result<()> {
     let md = results_md(&load, &memory, &core);
     std::fs::write(docs.join("results.md"), md).map_err(|e| e.to_string())?;
     println!("  wrote {}", docs.display());
+    let summary = root().join("docs/BENCHMARKS.md");
+    splice(&summary, "load", &load_table(&load))?;
+    splice(&summary, "engines", &engines_table(&load))?;
+    splice(&summary, "core", &core_table(&core))?;
+    let readme = root().join("README.md");
+    splice(&readme, "wasm-ratios", &wasm_ratio_table(&load))?;
+    println!("  updated the tables of {} and {}", summary.display(), readme.display());
     Ok(())
+}
+
+/// Replaces what lies between `<!-- generated: NAME -->` and the next `<!-- end generated -->`
+/// in `path` by `table` (the prose around the tables is written by hand).
+fn splice(path: &Path, name: &str, table: &str) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let begin = format!("<!-- generated: {name} -->\n");
+    let end = "<!-- end generated -->";
+    let Some(start) = text.find(&begin).map(|i| i + begin.len()) else {
+        return Err(format!("{}: no `{}` marker", path.display(), begin.trim_end()));
+    };
+    let Some(stop) = text[start..].find(end).map(|i| start + i) else {
+        return Err(format!("{}: `{}` is not closed by `{end}`", path.display(), begin.trim_end()));
+    };
+    let spliced = format!("{}{table}{}", &text[..start], &text[stop..]);
+    std::fs::write(path, spliced).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `12345.6` as `12,346`.
+fn thousands(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let digits = format!("{v:.0}");
+    let (sign, digits) = digits.strip_prefix('-').map_or(("", digits.as_str()), |d| ("-", d));
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    format!("{sign}{out}")
+}
+
+/// `0.81 (0.70–0.94)`: a pooled ratio and its runs' range.
+fn ratio_runs(ratio: &Value, runs: &Value) -> String {
+    let runs: Vec<f64> = runs.as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    let Some(r) = ratio.as_f64().filter(|r| r.is_finite()) else { return "-".into() };
+    match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
+        (Some(lo), Some(hi)) if runs.len() > 1 => format!("{r:.2} ({lo:.2}–{hi:.2})"),
+        _ => format!("{r:.2}"),
+    }
+}
+
+/// BENCHMARKS.md's load table: kvpages (the reference target), the floor and the peer.
+fn load_table(load: &Value) -> String {
+    use std::fmt::Write;
+    let peer = peer_name(load);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| workload | conc | kvpages req/s | p50 µs | p99 µs | floor req/s | ÷floor (runs) | peer req/s | ÷peer |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---:|");
+    for r in load["ratios"].as_array().into_iter().flatten() {
+        let w = r["workload"].as_str().unwrap_or("");
+        let c = r["concurrency"].as_u64().unwrap_or(0);
+        let Some(k) = find(load, "kvpages", w, c) else { continue };
+        let floor = find(load, "floor", w, c).map_or(f64::NAN, |f| f.f("requests_per_s"));
+        let p = peer.as_deref().and_then(|n| find(load, n, w, c));
+        let vs_peer = r["vs_peer"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.1}"));
+        let _ = writeln!(
+            s,
+            "| {w} | {c} | {} | {:.0} | {:.0} | {} | {} | {} | {vs_peer} |",
+            thousands(k.f("requests_per_s")),
+            k.lat("p50_us"),
+            k.lat("p99_us"),
+            thousands(floor),
+            ratio_runs(&r["vs_floor"], &r["runs_vs_floor"]),
+            thousands(p.map_or(f64::NAN, |p| p.f("requests_per_s"))),
+        );
+    }
+    s
+}
+
+/// BENCHMARKS.md's criterion table: ns per key (initialize: per command) by pool size.
+fn core_table(core: &Value) -> String {
+    use std::fmt::Write;
+    let columns = [
+        ("allocate_confirm_32", "allocate+confirm (32)"),
+        ("exists_32", "exists (32, 50 % hits)"),
+        ("locations_32", "locations (32)"),
+        ("initialize", "initialize"),
+    ];
+    let mut s = String::from("| pool pages |");
+    for (_, title) in columns {
+        let _ = write!(s, " {title} |");
+    }
+    let _ = writeln!(s, "\n|---:|{}", "---:|".repeat(columns.len()));
+    for exp in 3..=8 {
+        let size = 10u64.pow(exp).to_string();
+        let _ = write!(s, "| 10^{exp} |");
+        for (group, _) in columns {
+            let ns = core["groups"][group][&size]["ns"].as_f64().filter(|v| v.is_finite());
+            let _ = write!(s, " {} |", ns.map_or("-".into(), |v| format!("{v:.1}")));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// README's table of the plugin's req/s over native's: workloads by concurrency.
+fn wasm_ratio_table(load: &Value) -> String {
+    use std::fmt::Write;
+    let concs = concurrencies(load);
+    let mut s = String::from("| workload |");
+    for c in &concs {
+        let _ = write!(s, " {c} |");
+    }
+    let _ = writeln!(s, "\n|---|{}", "---|".repeat(concs.len()));
+    let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
+    for w in workloads(load) {
+        let _ = write!(s, "| {w} |");
+        for &c in &concs {
+            let wasm = ratios
+                .iter()
+                .filter(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c))
+                .flat_map(|r| r["others"].as_array().into_iter().flatten())
+                .find(|o| o["engine"] == "wasm" && o["durability"] == "memory");
+            let cell = wasm.map_or("-".into(), |o| ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]));
+            let _ = write!(s, " {cell} |");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// BENCHMARKS.md's engines table: every other target beside the reference, run by run.
+fn engines_table(load: &Value) -> String {
+    use std::fmt::Write;
+    let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
+    let mut others: Vec<(String, String)> = Vec::new();
+    for o in ratios.iter().flat_map(|r| r["others"].as_array().into_iter().flatten()) {
+        let target = o["target"].as_str().unwrap_or("").to_owned();
+        if !others.iter().any(|(t, _)| *t == target) {
+            let label = format!("{}/{}", o["engine"].as_str().unwrap_or("?"), o["durability"].as_str().unwrap_or("?"));
+            others.push((target, label));
+        }
+    }
+    let mut s = String::from("| workload | conc |");
+    for (_, label) in &others {
+        let _ = write!(s, " {label} req/s | ÷kvpages (runs) |");
+    }
+    let _ = writeln!(s, "\n|---|---:|{}", "---:|---|".repeat(others.len()));
+    for r in &ratios {
+        let _ = write!(s, "| {} | {} |", r["workload"].as_str().unwrap_or(""), r["concurrency"]);
+        for (target, _) in &others {
+            let o = r["others"].as_array().into_iter().flatten().find(|o| o["target"] == target.as_str());
+            match o {
+                Some(o) => {
+                    let _ = write!(
+                        s,
+                        " {} | {} |",
+                        thousands(o["requests_per_s"].as_f64().unwrap_or(f64::NAN)),
+                        ratio_runs(&o["vs_reference"], &o["runs_vs_reference"])
+                    );
+                }
+                None => s.push_str(" - | - |"),
+            }
+        }
+        s.push('\n');
+    }
+    s
 }
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -699,4 +870,56 @@ fn core_pool_size(core: &Value, path: &Path) -> Plot {
 /// Where the smoke run of `cargo xtask test` writes its JSON (never docs/).
 pub(crate) fn smoke_json() -> PathBuf {
     root().join("target/bench/smoke.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        let cases = [(0.0, "0"), (999.4, "999"), (1000.0, "1,000"), (12345.6, "12,346"), (1234567.0, "1,234,567")];
+        for (v, want) in cases {
+            assert_eq!(thousands(v), want);
+        }
+        assert_eq!(thousands(-4321.0), "-4,321");
+        assert_eq!(thousands(f64::NAN), "-");
+    }
+
+    #[test]
+    fn splice_replaces_only_between_the_markers() {
+        let dir = std::env::temp_dir().join(format!("kvpages-splice-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("doc.md");
+        let doc = "intro\n<!-- generated: a -->\nold\n<!-- end generated -->\nmiddle\n<!-- generated: b -->\nold b\n<!-- end generated -->\nend\n";
+        std::fs::write(&path, doc).unwrap();
+        splice(&path, "a", "new a\n").unwrap();
+        splice(&path, "b", "").unwrap();
+        let got = std::fs::read_to_string(&path).unwrap();
+        let want = "intro\n<!-- generated: a -->\nnew a\n<!-- end generated -->\nmiddle\n<!-- generated: b -->\n<!-- end generated -->\nend\n";
+        assert_eq!(got, want);
+        assert!(splice(&path, "c", "x").unwrap_err().contains("no `<!-- generated: c -->` marker"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The committed report's JSON renders every measured point, in the documented columns.
+    #[test]
+    fn the_tables_render_the_committed_results() {
+        let docs = root().join("docs/bench");
+        let load = read_json(&docs.join("load.json")).unwrap();
+        let core = read_json(&docs.join("core.json")).unwrap();
+        let points = load["ratios"].as_array().unwrap().len();
+        let table = load_table(&load);
+        assert_eq!(table.lines().count(), 2 + points);
+        assert!(table.lines().skip(2).all(|l| l.matches('|').count() == 10), "{table}");
+        let engines = engines_table(&load);
+        assert_eq!(engines.lines().count(), 2 + points);
+        assert!(!engines.contains("NaN"), "{engines}");
+        let wasm = wasm_ratio_table(&load);
+        assert_eq!(wasm.lines().count(), 2 + workloads(&load).len());
+        assert!(!wasm.contains(" - |"), "every point has a wasm ratio: {wasm}");
+        let core_rows = core_table(&core);
+        assert_eq!(core_rows.lines().count(), 2 + 6);
+        assert!(!core_rows.contains(" - |"), "every pool size has every group: {core_rows}");
+    }
 }
