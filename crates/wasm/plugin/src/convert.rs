@@ -44,8 +44,9 @@ pub(crate) fn unpack_keys(bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
     }
 }
 
-/// The common batch, every key in the raw form (vLLM's and SGLang's 32-hex keys), decoded in
-/// one pass without per-key checks of the length; `None` for any other batch.
+/// The common batch, every key in the raw form (vLLM's and SGLang's 32-hex keys): its 18-byte
+/// records are checked in one tight pass and copied in another, with no per-key length or
+/// bounds checks; `None` for any other batch.
 fn unpack_raw(bytes: &[u8]) -> Option<Vec<Key>> {
     let (keys, []) = bytes.as_chunks::<18>() else { return None };
     if !keys.iter().all(|[lo, hi, ..]| u16::from_le_bytes([*lo, *hi]) == RAW_HEX) {
