@@ -187,32 +187,86 @@ fn thousands(v: f64) -> String {
     format!("{sign}{out}")
 }
 
+/// `0.70–0.94`: the range of a ratio's runs (`runs_vs_*`), if there was more than one run.
+fn runs_range(runs: &Value) -> Option<String> {
+    let runs: Vec<f64> = runs.as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
+        (Some(lo), Some(hi)) if runs.len() > 1 => Some(format!("{lo:.2}–{hi:.2}")),
+        _ => None,
+    }
+}
+
 /// `0.81 (0.70–0.94)`: a pooled ratio and its runs' range.
 fn ratio_runs(ratio: &Value, runs: &Value) -> String {
-    let runs: Vec<f64> = runs.as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
     let Some(r) = ratio.as_f64().filter(|r| r.is_finite()) else { return "-".into() };
-    match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
-        (Some(lo), Some(hi)) if runs.len() > 1 => format!("{r:.2} ({lo:.2}–{hi:.2})"),
-        _ => format!("{r:.2}"),
+    match runs_range(runs) {
+        Some(range) => format!("{r:.2} ({range})"),
+        None => format!("{r:.2}"),
     }
+}
+
+/// One measured point of load.json's `ratios`: its workload and concurrency, and the
+/// reference's, the floor's and the peer's measurements there.
+struct Point<'a> {
+    ratio: &'a Value,
+    workload: &'a str,
+    conc: u64,
+    kvpages: Row<'a>,
+    floor: Option<Row<'a>>,
+    peer: Option<Row<'a>>,
+}
+
+fn points(load: &Value) -> Vec<Point<'_>> {
+    let peer = peer_name(load);
+    let mut out = Vec::new();
+    for ratio in load["ratios"].as_array().into_iter().flatten() {
+        let workload = ratio["workload"].as_str().unwrap_or("");
+        let conc = ratio["concurrency"].as_u64().unwrap_or(0);
+        let Some(kvpages) = find(load, "kvpages", workload, conc) else { continue };
+        let floor = find(load, "floor", workload, conc);
+        let peer = peer.as_deref().and_then(|n| find(load, n, workload, conc));
+        out.push(Point { ratio, workload, conc, kvpages, floor, peer });
+    }
+    out
+}
+
+/// A target measured beside the reference (`--targets` after the first).
+struct Other {
+    target: String,
+    engine: String,
+    durability: String,
+}
+
+/// The other targets, in the order the run measured them.
+fn other_targets(load: &Value) -> Vec<Other> {
+    let mut out: Vec<Other> = Vec::new();
+    for r in load["ratios"].as_array().into_iter().flatten() {
+        for o in r["others"].as_array().into_iter().flatten() {
+            let target = o["target"].as_str().unwrap_or("");
+            if !out.iter().any(|x| x.target == target) {
+                let field = |k: &str| o[k].as_str().unwrap_or("?").to_owned();
+                out.push(Other { target: target.to_owned(), engine: field("engine"), durability: field("durability") });
+            }
+        }
+    }
+    out
+}
+
+/// `target`'s entry among a point's `others`.
+fn other_at<'a>(ratio: &'a Value, target: &str) -> Option<&'a Value> {
+    ratio["others"].as_array().into_iter().flatten().find(|o| o["target"] == target)
 }
 
 /// BENCHMARKS.md's load table: kvpages (the reference target), the floor and the peer.
 fn load_table(load: &Value) -> String {
     use std::fmt::Write;
-    let peer = peer_name(load);
     let mut s = String::new();
     let _ = writeln!(
         s,
         "| workload | conc | kvpages req/s | p50 µs | p99 µs | floor req/s | ÷floor (runs) | peer req/s | ÷peer |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---:|");
-    for r in load["ratios"].as_array().into_iter().flatten() {
-        let w = r["workload"].as_str().unwrap_or("");
-        let c = r["concurrency"].as_u64().unwrap_or(0);
-        let Some(k) = find(load, "kvpages", w, c) else { continue };
-        let floor = find(load, "floor", w, c).map_or(f64::NAN, |f| f.f("requests_per_s"));
-        let p = peer.as_deref().and_then(|n| find(load, n, w, c));
+    for Point { ratio: r, workload: w, conc: c, kvpages: k, floor, peer } in points(load) {
         let vs_peer = r["vs_peer"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.1}"));
         let _ = writeln!(
             s,
@@ -220,9 +274,9 @@ fn load_table(load: &Value) -> String {
             thousands(k.f("requests_per_s")),
             k.lat("p50_us"),
             k.lat("p99_us"),
-            thousands(floor),
+            thousands(floor.map_or(f64::NAN, |f| f.f("requests_per_s"))),
             ratio_runs(&r["vs_floor"], &r["runs_vs_floor"]),
-            thousands(p.map_or(f64::NAN, |p| p.f("requests_per_s"))),
+            thousands(peer.map_or(f64::NAN, |p| p.f("requests_per_s"))),
         );
     }
     s
@@ -263,16 +317,14 @@ fn wasm_ratio_table(load: &Value) -> String {
         let _ = write!(s, " {c} |");
     }
     let _ = writeln!(s, "\n|---|{}", "---|".repeat(concs.len()));
+    let wasm = other_targets(load).into_iter().find(|o| o.engine == "wasm" && o.durability == "memory");
     let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
     for w in workloads(load) {
         let _ = write!(s, "| {w} |");
         for &c in &concs {
-            let wasm = ratios
-                .iter()
-                .filter(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c))
-                .flat_map(|r| r["others"].as_array().into_iter().flatten())
-                .find(|o| o["engine"] == "wasm" && o["durability"] == "memory");
-            let cell = wasm.map_or("-".into(), |o| ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]));
+            let at = ratios.iter().find(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c));
+            let o = at.zip(wasm.as_ref()).and_then(|(r, wasm)| other_at(r, &wasm.target));
+            let cell = o.map_or("-".into(), |o| ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]));
             let _ = write!(s, " {cell} |");
         }
         s.push('\n');
@@ -283,25 +335,16 @@ fn wasm_ratio_table(load: &Value) -> String {
 /// BENCHMARKS.md's engines table: every other target beside the reference, run by run.
 fn engines_table(load: &Value) -> String {
     use std::fmt::Write;
-    let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
-    let mut others: Vec<(String, String)> = Vec::new();
-    for o in ratios.iter().flat_map(|r| r["others"].as_array().into_iter().flatten()) {
-        let target = o["target"].as_str().unwrap_or("").to_owned();
-        if !others.iter().any(|(t, _)| *t == target) {
-            let label = format!("{}/{}", o["engine"].as_str().unwrap_or("?"), o["durability"].as_str().unwrap_or("?"));
-            others.push((target, label));
-        }
-    }
+    let others = other_targets(load);
     let mut s = String::from("| workload | conc |");
-    for (_, label) in &others {
-        let _ = write!(s, " {label} req/s | ÷kvpages (runs) |");
+    for o in &others {
+        let _ = write!(s, " {}/{} req/s | ÷kvpages (runs) |", o.engine, o.durability);
     }
     let _ = writeln!(s, "\n|---|---:|{}", "---:|---|".repeat(others.len()));
-    for r in &ratios {
+    for r in load["ratios"].as_array().into_iter().flatten() {
         let _ = write!(s, "| {} | {} |", r["workload"].as_str().unwrap_or(""), r["concurrency"]);
-        for (target, _) in &others {
-            let o = r["others"].as_array().into_iter().flatten().find(|o| o["target"] == target.as_str());
-            match o {
+        for other in &others {
+            match other_at(r, &other.target) {
                 Some(o) => {
                     let _ = write!(
                         s,
@@ -429,17 +472,8 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         "| workload | conc | req/s | keys/s | p50 µs | p99 µs | p99.9 µs | floor req/s | ÷floor | runs ÷floor | peer req/s | peer p50 µs | ÷peer |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in load["ratios"].as_array().into_iter().flatten() {
-        let w = r["workload"].as_str().unwrap_or("");
-        let c = r["concurrency"].as_u64().unwrap_or(0);
-        let Some(k) = find(load, "kvpages", w, c) else { continue };
-        let f = find(load, "floor", w, c);
-        let p = peer.as_deref().and_then(|n| find(load, n, w, c));
-        let runs: Vec<f64> = r["runs_vs_floor"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
-        let range = match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
-            (Some(lo), Some(hi)) if runs.len() > 1 => format!("{lo:.2}–{hi:.2}"),
-            _ => "-".into(),
-        };
+    for Point { ratio: r, workload: w, conc: c, kvpages: k, floor: f, peer: p } in points(load) {
+        let range = runs_range(&r["runs_vs_floor"]).unwrap_or_else(|| "-".into());
         let opt = |v: Option<f64>, d: usize| v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.d$}"));
         let _ = writeln!(
             s,
@@ -511,19 +545,8 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
 fn others_md(s: &mut String, load: &Value) {
     use std::fmt::Write;
     let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
-    let mut names: Vec<(String, String, String)> = Vec::new();
-    for o in ratios.iter().flat_map(|r| r["others"].as_array().into_iter().flatten()) {
-        let key = (
-            o["target"].as_str().unwrap_or("").to_owned(),
-            o["engine"].as_str().unwrap_or("").to_owned(),
-            o["durability"].as_str().unwrap_or("").to_owned(),
-        );
-        if !names.contains(&key) {
-            names.push(key);
-        }
-    }
     let opt = |v: &Value| v.as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.2}"));
-    for (target, engine, durability) in names {
+    for Other { target, engine, durability } in other_targets(load) {
         let _ = writeln!(
             s,
             "\n## Engine {engine}, durability {durability} (same run; ÷kvpages: over the reference's req/s)\n"
@@ -531,15 +554,8 @@ fn others_md(s: &mut String, load: &Value) {
         let _ = writeln!(s, "| workload | conc | req/s | p50 µs | p99 µs | ÷floor | ÷kvpages | runs ÷kvpages |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in &ratios {
-            let Some(o) = r["others"].as_array().into_iter().flatten().find(|o| o["target"] == target.as_str()) else {
-                continue;
-            };
-            let runs: Vec<f64> =
-                o["runs_vs_reference"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
-            let range = match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
-                (Some(lo), Some(hi)) if runs.len() > 1 => format!("{lo:.2}–{hi:.2}"),
-                _ => "-".into(),
-            };
+            let Some(o) = other_at(r, &target) else { continue };
+            let range = runs_range(&o["runs_vs_reference"]).unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {range} |",
