@@ -121,7 +121,9 @@ pub struct BenchArgs {
     /// Keys stored by --memory.
     #[arg(long, default_value_t = 1_000_000)]
     pub memory_keys: u32,
-    /// Worker threads of the in-process server and of the generator (default: the CPUs).
+    /// Worker threads of the in-process server, and as many for the generator (default: half
+    /// the CPUs each, at least 1: the two sides split the machine instead of both competing
+    /// for every core).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Log filter of the in-process server.
@@ -439,7 +441,8 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     }
     let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
     let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1);
     let server = InProcess::start(threads, specs, &args.data_dir)?;
     let generator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
