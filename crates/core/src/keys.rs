@@ -407,6 +407,31 @@ impl KeyTable {
         if self.newest == slot {
             return;
         }
+        // The common case (every read of a stored key): a listed key that is not the newest
+        // moves to the newest end. Its newer neighbour exists, and so does the newest key, so
+        // the recency move needs no end checks but one; the entry is read once.
+        let e = self.get(slot);
+        let (older, newer) = (e.older, e.newer);
+        if newer != NIL {
+            let candidate = e.cand_older != NIL || e.cand_newer != NIL || self.cand_newest == slot;
+            let newest = self.newest;
+            self.get_mut(newer).older = older;
+            if older == NIL {
+                self.oldest = newer;
+            } else {
+                self.get_mut(older).newer = newer;
+            }
+            self.get_mut(newest).newer = slot;
+            let e = self.get_mut(slot);
+            e.older = newest;
+            e.newer = NIL;
+            self.newest = slot;
+            if candidate {
+                self.unlink_from(List::Candidates, slot);
+                self.link_after(List::Candidates, slot, self.cand_newest);
+            }
+            return;
+        }
         // A key joining the list holds no lease (a lease needs a committed page); a listed key
         // stays a candidate or not.
         let candidate = !self.in_recency(slot) || self.in_candidates(slot);
