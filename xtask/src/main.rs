@@ -114,7 +114,15 @@ fn run_with_timeout(cmd: &mut Command, limit: Duration) -> bool {
 }
 
 fn show(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    let mut s = String::new();
+    // The variables a step sets itself (the route's compiler, the guest's flags), so the printed
+    // line can be run as it is.
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            s.push_str(&format!("{}={:?} ", k.to_string_lossy(), v.to_string_lossy()));
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
     for a in cmd.get_args() {
         s.push(' ');
         s.push_str(&a.to_string_lossy());

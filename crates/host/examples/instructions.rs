@@ -1,0 +1,108 @@
+//! Drives one engine (native, or the plugin through the sandbox) with the load generator's
+//! commands, without HTTP, for counting instructions: on a shared, noisy machine, timings move
+//! by ±15 % between identical runs, instruction counts by well under 1 %.
+//!
+//! ```text
+//! cargo build --release -p kvpages-host --example instructions
+//! X=target/release/examples/instructions
+//! count() { valgrind --tool=cachegrind --cache-sim=no --smc-check=all-non-file \
+//!     --cachegrind-out-file=/dev/null "$@" 2>&1 | grep 'I *refs' | tr -d , | awk '{print $NF}'; }
+//! echo $(( ($(count $X wasm allocate 2000) - $(count $X wasm allocate 0)) / 2000 ))
+//! ```
+//!
+//! The difference of two runs that differ only in the iteration count is the cost of the
+//! iterations alone (start-up, compiling the plugin and the fixture cancel out).
+//! `--smc-check` lets valgrind follow the code Cranelift writes at run time; `cg_diff` of two
+//! `--cachegrind-out-file`s splits the difference by function (the plugin's compiled code shows
+//! as `???`). `KVPAGES_PLUGIN=PATH` runs another component instead of the embedded one.
+//!
+//! Usage: `instructions native|wasm allocate|exists|locations ITERATIONS [BATCH=32]`
+//! - `allocate`: `allocate` of BATCH fresh keys, then `confirm` of their pages (a save);
+//! - `exists` / `locations`: BATCH keys drawn from 16,384 stored ones (a lookup, a load).
+
+use kvpages_core::{Command, Key, Reply, Settings, Space};
+use kvpages_host::engine::{Engine, NativeEngine};
+use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
+
+/// `n` distinct 32-hex keys of the family `salt`, numbered from `from`.
+fn keys(n: usize, salt: u64, from: u64) -> Vec<Key> {
+    (from..from + n as u64).map(|i| Key::parse(&format!("{salt:016x}{i:016x}")).expect("32 hex digits")).collect()
+}
+
+fn engine(name: &str) -> Result<Box<dyn Engine>, String> {
+    Ok(match name {
+        "native" => Box::new(NativeEngine::new(1, Settings::default())),
+        "wasm" => {
+            let sandbox = match std::env::var("KVPAGES_PLUGIN") {
+                Ok(path) => {
+                    let bytes = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
+                    Sandbox::load(&bytes, &path, Limits::default())?
+                }
+                Err(_) => Sandbox::embedded(Limits::default())?,
+            };
+            Box::new(PluginEngine::new(sandbox, 1, Settings::default())?)
+        }
+        other => return Err(format!("engine {other:?}: expected native or wasm")),
+    })
+}
+
+/// Allocates and confirms `keys` on rank 0.
+fn save(e: &mut dyn Engine, now: u64, keys: Vec<Key>) -> Result<(), String> {
+    let reply = e.apply(now, &Command::Allocate { space: Space::Vllm, rank: 0, keys: keys.clone() });
+    let Ok(Reply::Allocated(allocations)) = reply else { return Err(format!("allocate answered {reply:?}")) };
+    let pages = allocations.iter().map(|a| a.page.ok_or("the pool ran out of pages"));
+    let confirmations = keys.into_iter().zip(pages).map(|(k, p)| p.map(|p| (k, p))).collect::<Result<_, _>>()?;
+    let reply = e.apply(now, &Command::Confirm { space: Space::Vllm, rank: 0, confirmations, releases: vec![] });
+    reply.map(|_| ()).map_err(|err| format!("confirm answered {err:?}"))
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let [engine_name, workload, iterations, rest @ ..] = args else {
+        return Err("usage: instructions native|wasm allocate|exists|locations ITERATIONS [BATCH=32]".into());
+    };
+    let iterations: u64 = iterations.parse().map_err(|e| format!("ITERATIONS: {e}"))?;
+    let batch: usize = rest.first().map_or(Ok(32), |b| b.parse()).map_err(|e| format!("BATCH: {e}"))?;
+    let mut e = engine(engine_name)?;
+    e.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 1_000_000 })
+        .map_err(|err| format!("initialize: {err:?}"))?;
+    let stored = keys(16_384, 0xfeed, 0);
+    for chunk in stored.chunks(128) {
+        save(e.as_mut(), 1, chunk.to_vec())?;
+    }
+    // A fixed LCG picks the keys a lookup asks for: the same sequence in every run.
+    let mut x = 12_345u64;
+    for i in 0..iterations {
+        // 16 commands a millisecond, as under load: leases and reservations expire as they would.
+        let now = 2 + i / 16;
+        match workload.as_str() {
+            "allocate" => save(e.as_mut(), now, keys(batch, 0xbeef, i * batch as u64))?,
+            "exists" | "locations" => {
+                let picked = (0..batch)
+                    .map(|_| {
+                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                        stored[(x >> 33) as usize % stored.len()].clone()
+                    })
+                    .collect();
+                let cmd = if workload == "exists" {
+                    Command::Exists { space: Space::Vllm, keys: picked }
+                } else {
+                    Command::Locations { space: Space::Vllm, rank: 0, keys: picked }
+                };
+                std::hint::black_box(e.apply(now, &cmd).map_err(|err| format!("{workload}: {err:?}"))?);
+            }
+            other => return Err(format!("workload {other:?}: expected allocate, exists or locations")),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("instructions: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
