@@ -43,7 +43,8 @@ pub(crate) struct SlotIndex {
 }
 
 impl SlotIndex {
-    /// An index with room for `n` pairs before it grows.
+    /// An index with room for `n` pairs before it grows (a restore sizes it at once).
+    #[cfg(any(feature = "serde", test))]
     pub(crate) fn with_capacity(n: usize) -> SlotIndex {
         let mut index = SlotIndex::default();
         if n > 0 {
@@ -199,6 +200,7 @@ pub(crate) fn prefetch<T>(p: *const T) {
 }
 
 /// Buckets that hold `n` pairs at a load of at most 3/4.
+#[cfg(any(feature = "serde", test))]
 fn buckets_for(n: usize) -> usize {
     (n * 4).div_ceil(3).next_power_of_two().max(MIN_BUCKETS)
 }
