@@ -117,11 +117,19 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
     let memory_json = out.join("memory.json");
     run(Command::new(&bin).args(["bench", "--memory", "--json"]).arg(&memory_json))?;
 
-    step("core: criterion benchmarks");
+    step("core: criterion benchmarks, on the core and through the plugin");
+    let short = ["--warm-up-time", "0.2", "--measurement-time", "0.5"];
     let mut c = cargo();
-    c.args(["bench", "-p", "kvpages-core", "--bench", "core"]);
+    c.args(["bench", "-p", "kvpages-core", "--bench", "core", "--"]);
     if quick {
-        c.args(["--", "--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+        c.args(short);
+    }
+    run(&mut c)?;
+    // The same pool-size groups through the plugin engine (the host's bench, filtered to them).
+    let mut c = cargo();
+    c.args(["bench", "-p", "kvpages-host", "--bench", "plugin", "--", "^plugin_"]);
+    if quick {
+        c.args(short);
     }
     run(&mut c)?;
 
@@ -287,8 +295,11 @@ fn core_table(core: &Value) -> String {
     use std::fmt::Write;
     let columns = [
         ("allocate_confirm_32", "allocate+confirm (32)"),
+        ("plugin_allocate_confirm_32", "plugin"),
         ("exists_32", "exists (32, 50 % hits)"),
+        ("plugin_exists_32", "plugin"),
         ("locations_32", "locations (32)"),
+        ("plugin_locations_32", "plugin"),
         ("initialize", "initialize"),
     ];
     let mut s = String::from("| pool pages |");
@@ -367,9 +378,21 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 /// `{group: {pool size: ns per key}}` from criterion's `new/estimates.json` files.
+/// The criterion groups of the report: the core's (`crates/core/benches/core.rs`) and the same
+/// pool-size groups through the plugin (`crates/host/benches/plugin.rs`, `plugin_*`).
+const CRITERION_GROUPS: [&str; 7] = [
+    "allocate_confirm_32",
+    "exists_32",
+    "locations_32",
+    "initialize",
+    "plugin_allocate_confirm_32",
+    "plugin_exists_32",
+    "plugin_locations_32",
+];
+
 fn read_criterion(dir: &Path) -> Result<Value> {
     let mut groups = serde_json::Map::new();
-    for group in ["allocate_confirm_32", "exists_32", "locations_32", "initialize"] {
+    for group in CRITERION_GROUPS {
         let per = if group == "initialize" { 1.0 } else { 32.0 };
         let mut sizes = serde_json::Map::new();
         let gdir = dir.join(group);
@@ -853,7 +876,10 @@ fn core_pool_size(core: &Value, path: &Path) -> Plot {
     let ys: Vec<f64> = groups.values().flatten().map(|p| p.1).filter(|v| *v > 0.0).collect();
     let (ymin, ymax) = (ys.iter().copied().fold(f64::INFINITY, f64::min), ys.iter().copied().fold(0.0, f64::max));
     let mut chart = ChartBuilder::on(&root)
-        .caption("the core alone: ns per key vs pool size (criterion; initialize: ns per command)", ("sans-serif", 20))
+        .caption(
+            "the core natively and through the plugin (plugin_*): ns per key vs pool size (initialize: per command)",
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(80)

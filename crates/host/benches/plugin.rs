@@ -7,6 +7,11 @@
 //!   to a component as `list<string>` versus one packed `list<u8>` (two inline-WAT components whose
 //!   function only returns the length), which is why `wit/kvpages.wit` packs key batches.
 //!
+//! - `plugin_{allocate_confirm,exists,locations}_32/PAGES`: the core's pool-size benchmarks
+//!   (`crates/core/benches/common/pool.rs`, included by path: the same command streams as the
+//!   core's `allocate_confirm_32`, `exists_32`, `locations_32`) through `PluginEngine`, per key
+//!   at 10^3..10^8 pages; `cargo xtask bench` puts them beside the core's in one table.
+//!
 //! Run: `cargo xtask plugin && cargo bench -p kvpages-host --bench plugin`.
 
 use std::hint::black_box;
@@ -15,6 +20,11 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvpages_core::{Command, Key, Settings, Space};
 use kvpages_host::engine::{Engine, NativeEngine};
 use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
+
+#[path = "../../core/benches/common/mod.rs"]
+mod common;
+#[path = "../../core/benches/common/pool.rs"]
+mod pool;
 
 fn keys(n: usize, salt: u64) -> Vec<Key> {
     (0..n as u64).map(|i| Key::parse(&format!("{:016x}{:016x}", salt, i)).unwrap()).collect()
@@ -114,5 +124,18 @@ fn marshal(c: &mut Criterion) {
     g.finish();
 }
 
+/// A fresh plugin engine behind `pool`'s interface (seed 7, as the core's bench).
+fn plugin() -> pool::Apply {
+    let mut e = PluginEngine::new(Sandbox::embedded(Limits::default()).unwrap(), 7, Settings::default()).unwrap();
+    Box::new(move |now, cmd: &Command| e.apply(now, cmd).expect("the bench's commands are valid"))
+}
+
+fn pool_sizes(c: &mut Criterion) {
+    pool::allocate_confirm(c, "plugin_", plugin);
+    pool::exists(c, "plugin_", plugin);
+    pool::locations(c, "plugin_", plugin);
+}
+
 criterion_group!(benches, command, marshal);
-criterion_main!(benches);
+criterion_group! { name = pools; config = pool::config(); targets = pool_sizes }
+criterion_main!(benches, pools);
