@@ -5,7 +5,7 @@
 //!    committed) as the peer, if it can be had;
 //! 3. runs `kvpages bench` (every workload; concurrency 1, 4, 16, 64; kvpages, floor and peer
 //!    alternating run by run), then `kvpages bench --memory` in a process of its own;
-//! 4. runs the criterion benchmarks of the core;
+//! 4. runs the criterion benchmarks of the core, and the same pool-size groups through the plugin;
 //! 5. writes `docs/bench/`: the JSON of every run, `results.md` (tables) and SVG plots.
 //!
 //! `--quick` shortens every run (two minutes or so in all) for trying the tooling out;
@@ -377,7 +377,6 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// `{group: {pool size: ns per key}}` from criterion's `new/estimates.json` files.
 /// The criterion groups of the report: the core's (`crates/core/benches/core.rs`) and the same
 /// pool-size groups through the plugin (`crates/host/benches/plugin.rs`, `plugin_*`).
 const CRITERION_GROUPS: [&str; 7] = [
@@ -390,6 +389,7 @@ const CRITERION_GROUPS: [&str; 7] = [
     "plugin_locations_32",
 ];
 
+/// `{group: {pool size: ns per key}}` from criterion's `new/estimates.json` files.
 fn read_criterion(dir: &Path) -> Result<Value> {
     let mut groups = serde_json::Map::new();
     for group in CRITERION_GROUPS {
@@ -533,7 +533,11 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         memory["huge_rank_rss_kib"].as_i64().unwrap_or(0),
         memory["huge_rank_first_allocate_confirm_us"].as_f64().unwrap_or(f64::NAN)
     );
-    let _ = writeln!(s, "\n## Core alone (criterion; {})\n", core["unit"].as_str().unwrap_or(""));
+    let _ = writeln!(
+        s,
+        "\n## Core alone and through the plugin (`plugin_*`; criterion; {})\n",
+        core["unit"].as_str().unwrap_or("")
+    );
     let groups = core["groups"].as_object().cloned().unwrap_or_default();
     let mut sizes: Vec<u64> = groups
         .values()

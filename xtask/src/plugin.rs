@@ -105,7 +105,9 @@ pub(crate) fn debian_cargo() -> Command {
 /// through the plugin engine, valgrind, the same harness; session 9): allocate+confirm of 32
 /// fresh keys 196.9k -> 182.3k a cycle, of 128 keys 711.5k -> 656.7k, exists/locations of 32
 /// stored keys -0.5k/-0.8k; 500 gave only -3k, 3000 the same as 1000 at 2.5x the size.
-/// The component grows from ~290 KB to ~375 KB.
+/// The component grows from ~290 KB to ~375 KB. Cargo lets a `RUSTFLAGS` in the environment
+/// override target flags, so a build under one loses this; on the Debian route `-Zbuild-std`
+/// compiles `core` and `alloc` with it too (rustup's are prebuilt).
 pub(crate) const GUEST_RUSTFLAGS: &str = "-Cllvm-args=-inline-threshold=1000";
 
 /// Compiles the guest by `route` with `features`; the core wasm module's path.
