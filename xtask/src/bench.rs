@@ -118,20 +118,20 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
     run(Command::new(&bin).args(["bench", "--memory", "--json"]).arg(&memory_json))?;
 
     step("core: criterion benchmarks, on the core and through the plugin");
-    let short = ["--warm-up-time", "0.2", "--measurement-time", "0.5"];
-    let mut c = cargo();
-    c.args(["bench", "-p", "kvpages-core", "--bench", "core", "--"]);
-    if quick {
-        c.args(short);
+    // The core's bench, then the same pool-size groups through the plugin engine (the host's
+    // bench, filtered to them).
+    let benches: [&[&str]; 2] = [
+        &["-p", "kvpages-core", "--bench", "core", "--"],
+        &["-p", "kvpages-host", "--bench", "plugin", "--", "^plugin_"],
+    ];
+    for bench in benches {
+        let mut c = cargo();
+        c.arg("bench").args(bench);
+        if quick {
+            c.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+        }
+        run(&mut c)?;
     }
-    run(&mut c)?;
-    // The same pool-size groups through the plugin engine (the host's bench, filtered to them).
-    let mut c = cargo();
-    c.args(["bench", "-p", "kvpages-host", "--bench", "plugin", "--", "^plugin_"]);
-    if quick {
-        c.args(short);
-    }
-    run(&mut c)?;
 
     report(&out, &docs)
 }
@@ -293,24 +293,15 @@ fn load_table(load: &Value) -> String {
 /// BENCHMARKS.md's criterion table: ns per key (initialize: per command) by pool size.
 fn core_table(core: &Value) -> String {
     use std::fmt::Write;
-    let columns = [
-        ("allocate_confirm_32", "allocate+confirm (32)"),
-        ("plugin_allocate_confirm_32", "plugin"),
-        ("exists_32", "exists (32, 50 % hits)"),
-        ("plugin_exists_32", "plugin"),
-        ("locations_32", "locations (32)"),
-        ("plugin_locations_32", "plugin"),
-        ("initialize", "initialize"),
-    ];
     let mut s = String::from("| pool pages |");
-    for (_, title) in columns {
+    for (_, title) in CRITERION_GROUPS {
         let _ = write!(s, " {title} |");
     }
-    let _ = writeln!(s, "\n|---:|{}", "---:|".repeat(columns.len()));
+    let _ = writeln!(s, "\n|---:|{}", "---:|".repeat(CRITERION_GROUPS.len()));
     for exp in 3..=8 {
         let size = 10u64.pow(exp).to_string();
         let _ = write!(s, "| 10^{exp} |");
-        for (group, _) in columns {
+        for (group, _) in CRITERION_GROUPS {
             let ns = core["groups"][group][&size]["ns"].as_f64().filter(|v| v.is_finite());
             let _ = write!(s, " {} |", ns.map_or("-".into(), |v| format!("{v:.1}")));
         }
@@ -377,22 +368,23 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The criterion groups of the report: the core's (`crates/core/benches/core.rs`) and the same
-/// pool-size groups through the plugin (`crates/host/benches/plugin.rs`, `plugin_*`).
-const CRITERION_GROUPS: [&str; 7] = [
-    "allocate_confirm_32",
-    "exists_32",
-    "locations_32",
-    "initialize",
-    "plugin_allocate_confirm_32",
-    "plugin_exists_32",
-    "plugin_locations_32",
+/// The criterion groups of the report and their column titles in BENCHMARKS.md's table: the
+/// core's (`crates/core/benches/core.rs`), each beside the same pool-size group through the
+/// plugin (`crates/host/benches/plugin.rs`, `plugin_*`).
+const CRITERION_GROUPS: [(&str, &str); 7] = [
+    ("allocate_confirm_32", "allocate+confirm (32)"),
+    ("plugin_allocate_confirm_32", "plugin"),
+    ("exists_32", "exists (32, 50 % hits)"),
+    ("plugin_exists_32", "plugin"),
+    ("locations_32", "locations (32)"),
+    ("plugin_locations_32", "plugin"),
+    ("initialize", "initialize"),
 ];
 
 /// `{group: {pool size: ns per key}}` from criterion's `new/estimates.json` files.
 fn read_criterion(dir: &Path) -> Result<Value> {
     let mut groups = serde_json::Map::new();
-    for group in CRITERION_GROUPS {
+    for (group, _) in CRITERION_GROUPS {
         let per = if group == "initialize" { 1.0 } else { 32.0 };
         let mut sizes = serde_json::Map::new();
         let gdir = dir.join(group);

@@ -108,7 +108,7 @@ pub(crate) fn debian_cargo() -> Command {
 /// The component grows from ~290 KB to ~375 KB. Cargo lets a `RUSTFLAGS` in the environment
 /// override target flags, so a build under one loses this; on the Debian route `-Zbuild-std`
 /// compiles `core` and `alloc` with it too (rustup's are prebuilt).
-pub(crate) const GUEST_RUSTFLAGS: &str = "-Cllvm-args=-inline-threshold=1000";
+const GUEST_RUSTFLAGS: &str = "-Cllvm-args=-inline-threshold=1000";
 
 /// Compiles the guest by `route` with `features`; the core wasm module's path.
 fn compile(route: Route, features: &str) -> Result<PathBuf> {
