@@ -167,7 +167,9 @@ impl Interp {
             Op::Init { rank, num_pages } => {
                 Command::Initialize { space: self.space(*rank), rank: *rank, num_pages: *num_pages }
             }
-            Op::Alloc { rank, keys } => Command::Allocate { space: self.space(*rank), rank: *rank, keys: keys_of(keys) },
+            Op::Alloc { rank, keys } => {
+                Command::Allocate { space: self.space(*rank), rank: *rank, keys: keys_of(keys) }
+            }
             Op::ConfirmLast { choices } => {
                 let (rank, keys, out) = self.last_alloc.clone()?;
                 let mut confirmations = Vec::new();
@@ -189,7 +191,9 @@ impl Interp {
                 releases: releases.clone(),
             },
             Op::Exists { keys } => Command::Exists { space, keys: keys_of(keys) },
-            Op::Locations { rank, keys } => Command::Locations { space: self.space(*rank), rank: *rank, keys: keys_of(keys) },
+            Op::Locations { rank, keys } => {
+                Command::Locations { space: self.space(*rank), rank: *rank, keys: keys_of(keys) }
+            }
             Op::Delete { keys } => Command::Delete { space, keys: keys_of(keys) },
             Op::Inspect { key: k } => Command::Inspect { space, key: key(*k) },
             Op::Stats => Command::Stats,

@@ -299,7 +299,8 @@ impl Scenario {
             _ => None,
         };
         let counters_before = self.counters();
-        let before: Option<Core> = (cmd.is_mutating() || matches!(cmd, Command::Stats | Command::Inspect { .. })).then(|| self.core.clone());
+        let before: Option<Core> =
+            (cmd.is_mutating() || matches!(cmd, Command::Stats | Command::Inspect { .. })).then(|| self.core.clone());
         let before_snapshot: Option<Snapshot> = (!cmd.is_mutating()).then(|| snapshot(&self.core));
         let (now, core) = (self.now, &mut self.core);
         let reply = match catch_unwind(AssertUnwindSafe(|| core.apply(now, &cmd))) {

@@ -17,8 +17,8 @@ use std::format;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::key::{Key, MAX_KEY_LEN};
 
