@@ -271,14 +271,15 @@ fn load_table(load: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| workload | conc | kvpages req/s | p50 µs | p99 µs | floor req/s | ÷floor (runs) | peer req/s | ÷peer |"
+        "| workload | conc | kvpages req/s | p50 µs | p99 µs | floor req/s | ÷floor (runs) | cpu ÷floor | peer req/s | ÷peer |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|");
     for Point { ratio: r, workload: w, conc: c, kvpages: k, floor, peer } in points(load) {
         let vs_peer = r["vs_peer"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.1}"));
+        let cpu = r["cpu_vs_floor"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.2}"));
         let _ = writeln!(
             s,
-            "| {w} | {c} | {} | {:.0} | {:.0} | {} | {} | {} | {vs_peer} |",
+            "| {w} | {c} | {} | {:.0} | {:.0} | {} | {} | {cpu} | {} | {vs_peer} |",
             thousands(k.f("requests_per_s")),
             k.lat("p50_us"),
             k.lat("p99_us"),
@@ -326,7 +327,10 @@ fn wasm_ratio_table(load: &Value) -> String {
         for &c in &concs {
             let at = ratios.iter().find(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c));
             let o = at.zip(wasm.as_ref()).and_then(|(r, wasm)| other_at(r, &wasm.target));
-            let cell = o.map_or("-".into(), |o| ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]));
+            let cell = o.map_or("-".into(), |o| match o["cpu_vs_reference"].as_f64().filter(|v| v.is_finite()) {
+                Some(cpu) => format!("{}, cpu {cpu:.2}", ratio_runs(&o["vs_reference"], &o["runs_vs_reference"])),
+                None => ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]),
+            });
             let _ = write!(s, " {cell} |");
         }
         s.push('\n');
@@ -419,6 +423,10 @@ impl Row<'_> {
     fn f(&self, k: &str) -> f64 {
         self.0[k].as_f64().unwrap_or(f64::NAN)
     }
+    /// A field that may be absent or null (older JSON, a server in another process).
+    fn opt(&self, k: &str) -> Option<f64> {
+        self.0[k].as_f64()
+    }
     fn conc(&self) -> u64 {
         self.0["concurrency"].as_u64().unwrap_or(0)
     }
@@ -479,20 +487,22 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         s,
         "req/s and latency per request (every request of a workload); keys/s = iterations × keys per iteration / s. \
          ÷floor: kvpages req/s over the transport-only floor's at the same concurrency and body sizes, pooled over the \
-         runs (range: each run alone). ÷peer: kvpages req/s over {}'s.\n",
+         runs (range: each run alone). cpu µs: the server threads' CPU time per request (pool resets left out); \
+         cpu ÷floor: the floor's cpu µs over kvpages' (the share of the floor's throughput a busy server thread \
+         keeps; time the shared machine gives to others is not in it). ÷peer: kvpages req/s over {}'s.\n",
         peer.as_deref().unwrap_or("the peer (not measured)")
     );
     let _ = writeln!(
         s,
-        "| workload | conc | req/s | keys/s | p50 µs | p99 µs | p99.9 µs | floor req/s | ÷floor | runs ÷floor | peer req/s | peer p50 µs | ÷peer |"
+        "| workload | conc | req/s | keys/s | p50 µs | p99 µs | p99.9 µs | floor req/s | ÷floor | runs ÷floor | cpu µs | cpu ÷floor | peer req/s | peer p50 µs | ÷peer |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for Point { ratio: r, workload: w, conc: c, kvpages: k, floor: f, peer: p } in points(load) {
         let range = runs_range(&r["runs_vs_floor"]).unwrap_or_else(|| "-".into());
         let opt = |v: Option<f64>, d: usize| v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.d$}"));
         let _ = writeln!(
             s,
-            "| {w} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {range} | {} | {} | {} |",
+            "| {w} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {range} | {} | {} | {} | {} | {} |",
             k.f("requests_per_s"),
             k.f("keys_per_s"),
             k.lat("p50_us"),
@@ -500,6 +510,8 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
             k.lat("p999_us"),
             opt(f.as_ref().map(|f| f.f("requests_per_s")), 0),
             opt(r["vs_floor"].as_f64(), 2),
+            opt(k.opt("server_cpu_us_per_request"), 1),
+            opt(r["cpu_vs_floor"].as_f64(), 2),
             opt(p.as_ref().map(|p| p.f("requests_per_s")), 0),
             opt(p.as_ref().map(|p| p.lat("p50_us")), 0),
             opt(r["vs_peer"].as_f64(), 1),
@@ -568,16 +580,20 @@ fn others_md(s: &mut String, load: &Value) {
     for Other { target, engine, durability } in other_targets(load) {
         let _ = writeln!(
             s,
-            "\n## Engine {engine}, durability {durability} (same run; ÷kvpages: over the reference's req/s)\n"
+            "\n## Engine {engine}, durability {durability} (same run; ÷kvpages: over the reference's req/s; \
+             cpu ÷kvpages: the reference's server CPU per request over this one's)\n"
         );
-        let _ = writeln!(s, "| workload | conc | req/s | p50 µs | p99 µs | ÷floor | ÷kvpages | runs ÷kvpages |");
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "| workload | conc | req/s | p50 µs | p99 µs | ÷floor | ÷kvpages | runs ÷kvpages | cpu ÷kvpages |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &ratios {
             let Some(o) = other_at(r, &target) else { continue };
             let range = runs_range(&o["runs_vs_reference"]).unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {range} |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {range} | {} |",
                 r["workload"].as_str().unwrap_or(""),
                 r["concurrency"],
                 o["requests_per_s"].as_f64().unwrap_or(f64::NAN),
@@ -585,6 +601,7 @@ fn others_md(s: &mut String, load: &Value) {
                 o["p99_us"].as_f64().unwrap_or(f64::NAN),
                 opt(&o["vs_floor"]),
                 opt(&o["vs_reference"]),
+                opt(&o["cpu_vs_reference"]),
             );
         }
     }
@@ -949,13 +966,16 @@ mod tests {
         let points = load["ratios"].as_array().unwrap().len();
         let table = load_table(&load);
         assert_eq!(table.lines().count(), 2 + points);
-        assert!(table.lines().skip(2).all(|l| l.matches('|').count() == 10), "{table}");
+        assert!(table.lines().skip(2).all(|l| l.matches('|').count() == 11), "{table}");
+        // The committed run measured the server's CPU: every point has its CPU ratios.
+        assert!(!table.lines().skip(2).any(|l| l.split('|').nth(8).is_some_and(|c| c.trim() == "-")), "{table}");
         let engines = engines_table(&load);
         assert_eq!(engines.lines().count(), 2 + points);
         assert!(!engines.contains("NaN"), "{engines}");
         let wasm = wasm_ratio_table(&load);
         assert_eq!(wasm.lines().count(), 2 + workloads(&load).len());
         assert!(!wasm.contains(" - |"), "every point has a wasm ratio: {wasm}");
+        assert_eq!(wasm.matches(", cpu ").count(), points, "every point has a CPU ratio: {wasm}");
         let core_rows = core_table(&core);
         assert_eq!(core_rows.lines().count(), 2 + 6);
         assert!(!core_rows.contains(" - |"), "every pool size has every group: {core_rows}");

@@ -196,6 +196,9 @@ struct Target {
     pool_full_addr: SocketAddr,
     #[serde(skip)]
     duration: Duration,
+    /// Runs in this process (its server CPU is measured).
+    #[serde(skip)]
+    in_process: bool,
 }
 
 impl Target {
@@ -265,6 +268,9 @@ struct Measurement {
     /// Pool rounds ended (clear + re-initialize) during this measurement.
     pool_resets: u64,
     paused_s: f64,
+    /// CPU time the in-process servers' threads ran per recorded request, in µs (pool resets
+    /// left out); `None` for a server in another process (the peer, `--url`).
+    server_cpu_us_per_request: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -279,6 +285,10 @@ struct Ratio {
     p50_vs_floor: Option<f64>,
     /// `vs_floor` of each run alone (how much the machine's noise moves it).
     runs_vs_floor: Vec<f64>,
+    /// The floor's server CPU per request ÷ kvpages': the share of the floor's throughput a
+    /// busy server thread would keep. Steadier than `vs_floor` on a shared machine: time the
+    /// machine gives to others is not counted.
+    cpu_vs_floor: Option<f64>,
     /// The other `--targets` at this point, each against the reference (`kvpages`).
     others: Vec<OtherRatio>,
 }
@@ -298,6 +308,8 @@ struct OtherRatio {
     vs_reference: Option<f64>,
     /// `vs_reference` of each run alone (run i of both).
     runs_vs_reference: Vec<f64>,
+    /// The reference's server CPU per request ÷ its own (see [`Ratio::cpu_vs_floor`]).
+    cpu_vs_reference: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -355,7 +367,7 @@ impl InProcess {
     fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name("kvpages-server")
+            .thread_name(SERVER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
@@ -465,7 +477,7 @@ async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<
         (health.status == 200).then(|| serde_json::from_slice::<serde_json::Value>(&health.body).ok()).flatten();
     let engine = parsed.as_ref().and_then(|v| field(v, "engine")).unwrap_or_else(|| name.clone());
     let durability = parsed.as_ref().and_then(|v| field(v, "durability")).unwrap_or_else(|| "unreported".into());
-    Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration })
+    Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration, in_process: false })
 }
 
 async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
@@ -486,6 +498,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                 addr,
                 pool_full_addr,
                 duration: args.duration,
+                in_process: true,
             })
             .collect(),
     };
@@ -498,6 +511,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
         addr: floor_addr,
         pool_full_addr: floor_pool_full_addr,
         duration: args.duration,
+        in_process: true,
     };
     let peer = match &args.peer {
         Some(url) => Some(
@@ -599,6 +613,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                     vs_floor: div(m.requests_per_s, base.requests_per_s),
                     vs_reference: div(m.requests_per_s, real.requests_per_s),
                     runs_vs_reference: runs(&m.runs_requests_per_s, &real.runs_requests_per_s),
+                    cpu_vs_reference: cpu_ratio(&real, m),
                 })
                 .collect();
             ratios.push(Ratio {
@@ -608,6 +623,7 @@ async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
                 vs_peer: other.as_ref().and_then(|o| div(real.requests_per_s, o.requests_per_s)),
                 p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
                 runs_vs_floor: runs(&real.runs_requests_per_s, &base.runs_requests_per_s),
+                cpu_vs_floor: cpu_ratio(&base, &real),
                 others,
             });
             for m in
@@ -667,6 +683,42 @@ struct Raw {
     seconds: f64,
     resets: u64,
     paused: Duration,
+    /// CPU time of the in-process servers' threads from the end of the warm-up to the last
+    /// answer, less the pool resets' (see [`server_cpu`]).
+    server_cpu: Option<Duration>,
+}
+
+/// Name of the in-process servers' threads (the kernel keeps 15 bytes of a thread's name).
+const SERVER_THREAD: &str = "kvpages-server";
+
+/// CPU time the in-process servers' threads have run so far: the sum of the first field of
+/// Linux's `/proc/self/task/*/schedstat` (nanoseconds on a CPU) over the threads named
+/// [`SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
+pub(super) fn server_cpu() -> Option<Duration> {
+    let mut total = 0u64;
+    let mut found = false;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let dir = task.path();
+        // A thread may end between the listing and these reads: skip it.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
+        if comm.trim_end() != SERVER_THREAD {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
+        let Some(ns) = stat.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()) else { continue };
+        total += ns;
+        found = true;
+    }
+    found.then(|| Duration::from_nanos(total))
+}
+
+/// `a`'s server CPU per request ÷ `b`'s: `b`'s throughput relative to `a`'s when the server's
+/// CPU is what limits both.
+fn cpu_ratio(a: &Measurement, b: &Measurement) -> Option<f64> {
+    match (a.server_cpu_us_per_request, b.server_cpu_us_per_request) {
+        (Some(a), Some(b)) if a > 0.0 && b > 0.0 => Some(a / b),
+        _ => None,
+    }
 }
 
 /// One run: `concurrency` connections for the target's duration after the warm-up.
@@ -696,6 +748,12 @@ async fn run_once(
     fixture.start_measurement();
     let resets_before = fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed));
     let progress = tokio::spawn(progress(label.to_owned(), run.clone()));
+    // Only the in-process servers' threads are counted: a server elsewhere has none here.
+    let in_process = target.in_process;
+    let cpu_start = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        if in_process { server_cpu() } else { None }
+    });
     let workers: Vec<_> = clients
         .into_iter()
         .enumerate()
@@ -707,11 +765,17 @@ async fn run_once(
     }
     progress.abort();
     let _ = progress.await;
+    let cpu_end = if in_process { server_cpu() } else { None };
+    let server_cpu = match (cpu_start.await.ok().flatten(), cpu_end) {
+        // A server thread that ended during the run (none should) takes its time with it.
+        (Some(a), Some(b)) if b > a => Some((b - a).saturating_sub(fixture.paused_cpu())),
+        _ => None,
+    };
     let last = tallies.iter().filter_map(|t| t.last_done).max().unwrap_or(measure_from);
     let paused = fixture.paused();
     let seconds = last.saturating_duration_since(measure_from).saturating_sub(paused).as_secs_f64().max(1e-9);
     let resets = fixture.rounds.as_ref().map_or(0, |r| r.resets.load(Ordering::Relaxed)) - resets_before;
-    Ok(Raw { tallies, seconds, resets, paused })
+    Ok(Raw { tallies, seconds, resets, paused, server_cpu })
 }
 
 /// Pools the runs of one measurement: requests and seconds add up, latency samples merge.
@@ -763,6 +827,12 @@ fn summarise(target: &Target, workload: Workload, concurrency: usize, raws: Vec<
         steps: step_results,
         pool_resets: raws.iter().map(|r| r.resets).sum(),
         paused_s: raws.iter().map(|r| r.paused.as_secs_f64()).sum(),
+        server_cpu_us_per_request: raws
+            .iter()
+            .map(|r| r.server_cpu)
+            .sum::<Option<Duration>>()
+            .filter(|_| requests > 0)
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / requests as f64),
     }
 }
 
@@ -814,7 +884,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
     let peer_name = peer.map(|p| p.name.as_str());
     println!();
     println!(
-        "{:<22} {:>5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>7} {:>11} {:>10} {:>7}",
+        "{:<22} {:>5} {:>10} {:>11} {:>9} {:>9} {:>9} {:>10} {:>7} {:>11} {:>7} {:>7} {:>10} {:>7}",
         "workload",
         "conc",
         "req/s",
@@ -825,6 +895,8 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
         "floor/s",
         "÷floor",
         "runs",
+        "cpu µs",
+        "cpu÷fl",
         "peer/s",
         "÷peer"
     );
@@ -840,7 +912,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
             _ => "-".into(),
         };
         println!(
-            "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7} {:>11} {:>10} {:>7}",
+            "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7} {:>11} {:>7} {:>7} {:>10} {:>7}",
             r.workload,
             r.concurrency,
             m.requests_per_s,
@@ -851,20 +923,26 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
             opt(f.map(|f| f.requests_per_s), 0),
             opt(r.vs_floor, 2),
             spread,
+            opt(m.server_cpu_us_per_request, 1),
+            opt(r.cpu_vs_floor, 2),
             opt(p.map(|p| p.requests_per_s), 0),
             opt(r.vs_peer, 1),
         );
     }
     if let Some(m) = results.first() {
-        println!("engine {}, durability {}; latency per request (all steps of a workload).", m.engine, m.durability);
+        println!(
+            "engine {}, durability {}; latency per request (all steps of a workload); cpu µs: the server's CPU \
+             time per request, cpu÷fl: the floor's over it.",
+            m.engine, m.durability
+        );
     }
     if ratios.iter().all(|r| r.others.is_empty()) {
         return;
     }
     println!();
     println!(
-        "{:<22} {:>5} {:<32} {:>10} {:>9} {:>9} {:>7} {:>8} {:>11}",
-        "workload", "conc", "target", "req/s", "p50 µs", "p99 µs", "÷floor", "÷kvpages", "runs"
+        "{:<22} {:>5} {:<32} {:>10} {:>9} {:>9} {:>7} {:>8} {:>11} {:>7}",
+        "workload", "conc", "target", "req/s", "p50 µs", "p99 µs", "÷floor", "÷kvpages", "runs", "cpu÷kv"
     );
     for r in ratios {
         for o in &r.others {
@@ -876,7 +954,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
                 _ => "-".into(),
             };
             println!(
-                "{:<22} {:>5} {:<32} {:>10.0} {:>9.1} {:>9.1} {:>7} {:>8} {:>11}",
+                "{:<22} {:>5} {:<32} {:>10.0} {:>9.1} {:>9.1} {:>7} {:>8} {:>11} {:>7}",
                 r.workload,
                 r.concurrency,
                 format!("{} {}", o.engine, o.durability),
@@ -885,11 +963,62 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
                 o.p99_us,
                 opt(o.vs_floor),
                 opt(o.vs_reference),
-                spread
+                spread,
+                opt(o.cpu_vs_reference)
             );
         }
     }
     if let Some(m) = results.first() {
-        println!("÷kvpages: over the reference ({} {}) in the same run.", m.engine, m.durability);
+        println!(
+            "÷kvpages: over the reference ({} {}) in the same run; cpu÷kv: its server CPU per request over \
+             the target's.",
+            m.engine, m.durability
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// Spins on a new thread named `name` for `d` of wall time, then reports `server_cpu()`
+    /// before the spin and while the thread still lives.
+    fn spin_on(name: &str, d: Duration) -> (Option<Duration>, Option<Duration>) {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let (ready, spun) = std::sync::mpsc::channel::<(Option<Duration>, Option<Duration>)>();
+        let t = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let before = super::server_cpu();
+                let start = Instant::now();
+                let mut x = 0u64;
+                while start.elapsed() < d {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+                ready.send((before, super::server_cpu())).unwrap();
+                let _ = wait.recv();
+            })
+            .unwrap();
+        let r = spun.recv().unwrap();
+        done.send(()).unwrap();
+        t.join().unwrap();
+        r
+    }
+
+    #[test]
+    fn server_cpu_counts_the_server_threads_time_and_only_theirs() {
+        if !std::path::Path::new("/proc/self/task").exists() {
+            return; // not Linux: the bench reports no CPU figures there
+        }
+        // No server thread in a unit test process: nothing to count.
+        assert_eq!(super::server_cpu(), None);
+        // A thread named like the servers' is counted: at least most of its 200 ms spin (the
+        // machine may take some of the wall time away) and not more than its wall time.
+        let (before, after) = spin_on(super::SERVER_THREAD, Duration::from_millis(200));
+        let (before, after) = (before.expect("the thread counts itself"), after.expect("still running"));
+        let spent = after - before;
+        assert!(spent >= Duration::from_millis(50) && spent <= Duration::from_millis(260), "{spent:?}");
+        // Another thread's spin is not.
+        assert_eq!(spin_on("kvpages-other", Duration::from_millis(100)), (None, None));
     }
 }

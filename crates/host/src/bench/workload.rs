@@ -306,6 +306,8 @@ pub(super) struct Rounds {
     used: AtomicU64,
     /// Nanoseconds spent in resets after the measurement began (of the current measurement).
     paused_ns: AtomicU64,
+    /// Server CPU nanoseconds those resets took (nothing else runs during one).
+    paused_cpu_ns: AtomicU64,
     /// Resets so far (over the fixture's life).
     pub(super) resets: AtomicU64,
 }
@@ -352,6 +354,7 @@ impl Fixture {
             lock: tokio::sync::RwLock::new(0),
             used: AtomicU64::new(0),
             paused_ns: AtomicU64::new(0),
+            paused_cpu_ns: AtomicU64::new(0),
             resets: AtomicU64::new(0),
         });
         let fixture = Fixture { workload, stored, rounds, keys };
@@ -393,7 +396,13 @@ impl Fixture {
     pub(super) fn start_measurement(&self) {
         if let Some(r) = &self.rounds {
             r.paused_ns.store(0, Ordering::Relaxed);
+            r.paused_cpu_ns.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// The in-process servers' CPU time spent in this measurement's resets.
+    pub(super) fn paused_cpu(&self) -> Duration {
+        self.rounds.as_ref().map_or(Duration::ZERO, |r| Duration::from_nanos(r.paused_cpu_ns.load(Ordering::Relaxed)))
     }
 
     pub(super) fn paused(&self) -> Duration {
@@ -593,7 +602,13 @@ impl Worker {
             let mut w = rounds.lock.write().await;
             if *w == round {
                 let start = Instant::now();
+                let cpu_before = super::server_cpu();
                 reset(&mut self.client, POOL_PAGES).await?;
+                if let (Some(a), Some(b)) = (cpu_before, super::server_cpu())
+                    && start >= self.run.measure_from
+                {
+                    rounds.paused_cpu_ns.fetch_add(b.saturating_sub(a).as_nanos() as u64, Ordering::Relaxed);
+                }
                 rounds.used.store(0, Ordering::SeqCst);
                 *w += 1;
                 rounds.resets.fetch_add(1, Ordering::Relaxed);
