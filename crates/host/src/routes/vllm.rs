@@ -25,17 +25,17 @@ pub(crate) fn log_applied(cmd: &Command, reply: &Reply) {
                 ),
             }
         }
-        (&Command::Confirm { space: Space::Vllm, rank, .. }, Reply::Confirmed(report)) => {
-            if !report.refused.is_empty() || !report.ignored_releases.is_empty() || report.superseded > 0 {
-                tracing::info!(
-                    rank,
-                    committed = report.committed,
-                    refused = report.refused.len(),
-                    superseded = report.superseded,
-                    ignored_releases = report.ignored_releases.len(),
-                    "confirm applied in part"
-                );
-            }
+        (&Command::Confirm { space: Space::Vllm, rank, .. }, Reply::Confirmed(report))
+            if !report.refused.is_empty() || !report.ignored_releases.is_empty() || report.superseded > 0 =>
+        {
+            tracing::info!(
+                rank,
+                committed = report.committed,
+                refused = report.refused.len(),
+                superseded = report.superseded,
+                ignored_releases = report.ignored_releases.len(),
+                "confirm applied in part"
+            );
         }
         (Command::Clear { space: Space::Vllm }, &Reply::Cleared { ranks, keys }) => {
             tracing::info!(ranks, keys, "cleared the vLLM space")
