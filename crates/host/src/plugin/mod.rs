@@ -21,10 +21,11 @@
 //! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least
 //! [`MIN_JOURNAL_UNITS`] commands + keys), or when the journal reaches [`MAX_JOURNAL_UNITS`]: so
 //! snapshots cost at most ~1/`SNAPSHOT_RATIO` of the command time whatever the state's size, the
-//! journal's memory is bounded (~36 bytes a unit for 32-hex keys), and a recovery replays in about
+//! journal's memory is bounded (~17–21 bytes a unit for 32-hex keys), and a recovery replays in about
 //! `SNAPSHOT_RATIO` snapshot times.
 
 mod convert;
+mod journal;
 pub mod sandbox;
 
 use kvpages_core::{Command, Millis, Reply, Settings};
@@ -56,15 +57,8 @@ pub const SNAPSHOT_RATIO: u32 = 20;
 struct Recovery {
     /// The state at the start of `journal` (empty: a fresh `create`).
     snapshot: Vec<u8>,
-    /// Mutating commands applied since, in order: each `(now, command)` postcard-encoded, back
-    /// to back. One buffer rather than a `Vec` of commands: a command's keys would be one heap
-    /// block each, kept alive until the next snapshot among the requests' short-lived ones,
-    /// and glibc's allocator then spent ~7 % of the server thread merging free chunks
-    /// (`unlink_chunk`, `malloc_consolidate` under the plugin's save/load cycle, perf, session
-    /// 10; 0 % with this buffer). Its capacity is kept across snapshots.
-    journal: Vec<u8>,
-    /// Commands in `journal`.
-    entries: usize,
+    /// Mutating commands applied since, in order (one buffer; see `journal.rs`).
+    journal: journal::Journal,
     /// Commands + keys in `journal`.
     units: usize,
     /// Time spent applying the journaled commands.
@@ -134,11 +128,8 @@ impl PluginEngine {
                 .map_err(|t| format!("restore: {t}"))?
                 .map_err(|e| format!("restore refused its own snapshot: {e:?}"))?;
         }
-        let mut rest = &r.journal[..];
-        for i in 0..r.entries {
-            let ((now, cmd), tail) = postcard::take_from_bytes::<(Millis, Command)>(rest)
-                .map_err(|e| format!("journal entry {i} does not decode: {e}"))?;
-            rest = tail;
+        for (i, entry) in r.journal.entries().enumerate() {
+            let (now, cmd) = entry?;
             // Only applied commands are journaled, and the core is deterministic: each applies again.
             convert::call(&mut inst, now, &cmd)
                 .map_err(|t| format!("replaying journal entry {i}: {t}"))?
@@ -152,8 +143,7 @@ impl PluginEngine {
         let r = &mut self.recovery;
         r.units += 1 + convert::keys_in(cmd);
         r.applied += took;
-        r.journal = postcard::to_extend(&(now, cmd), std::mem::take(&mut r.journal)).expect("commands encode");
-        r.entries += 1;
+        r.journal.push(now, cmd);
         let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
         if !due && r.units < MAX_JOURNAL_UNITS.max(r.retry_at) {
             return;
