@@ -21,11 +21,13 @@
 //! `exists` is never journaled. `allocate` never deletes: the key table grows from 16,384 to
 //! 16,384 + 32 × ITERATIONS keys, its growth included.
 //!
-//! Usage: `instructions native|wasm allocate|exists|locations ITERATIONS [BATCH=32]`
+//! Usage: `instructions native|wasm allocate|exists|locations|full ITERATIONS [BATCH=32]`
 //! - `allocate`: `allocate` of BATCH fresh keys, then `confirm` of their pages (a save);
-//! - `exists` / `locations`: BATCH keys drawn from 16,384 stored ones (a lookup, a load).
+//! - `exists` / `locations`: BATCH keys drawn from 16,384 stored ones (a lookup, a load);
+//! - `full`: `allocate` of BATCH fresh keys on a full 1,024-page rank with eviction off, every
+//!   page -1 (the bench's `pool-full`).
 
-use kvpages_core::{Command, Key, Reply, Settings, Space};
+use kvpages_core::{Command, Eviction, Key, Reply, Settings, Space};
 use kvpages_host::engine::{Engine, NativeEngine};
 use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
 
@@ -34,9 +36,9 @@ fn keys(n: usize, salt: u64, from: u64) -> Vec<Key> {
     (from..from + n as u64).map(|i| Key::parse(&format!("{salt:016x}{i:016x}")).expect("32 hex digits")).collect()
 }
 
-fn engine(name: &str) -> Result<Box<dyn Engine>, String> {
+fn engine(name: &str, settings: Settings) -> Result<Box<dyn Engine>, String> {
     Ok(match name {
-        "native" => Box::new(NativeEngine::new(1, Settings::default())),
+        "native" => Box::new(NativeEngine::new(1, settings)),
         "wasm" => {
             let sandbox = match std::env::var("KVPAGES_PLUGIN") {
                 Ok(path) => {
@@ -45,34 +47,47 @@ fn engine(name: &str) -> Result<Box<dyn Engine>, String> {
                 }
                 Err(_) => Sandbox::embedded(Limits::default())?,
             };
-            Box::new(PluginEngine::new(sandbox, 1, Settings::default())?)
+            Box::new(PluginEngine::new(sandbox, 1, settings)?)
         }
         other => return Err(format!("engine {other:?}: expected native or wasm")),
     })
 }
 
-/// Allocates and confirms `keys` on rank 0.
-fn save(e: &mut dyn Engine, now: u64, keys: Vec<Key>) -> Result<(), String> {
-    let reply = e.apply(now, &Command::Allocate { space: Space::Vllm, rank: 0, keys: keys.clone() });
+/// Allocates and confirms `keys` on `rank`.
+fn save(e: &mut dyn Engine, now: u64, rank: u32, keys: Vec<Key>) -> Result<(), String> {
+    let reply = e.apply(now, &Command::Allocate { space: Space::Vllm, rank, keys: keys.clone() });
     let Ok(Reply::Allocated(allocations)) = reply else { return Err(format!("allocate answered {reply:?}")) };
     let pages = allocations.iter().map(|a| a.page.ok_or("the pool ran out of pages"));
     let confirmations = keys.into_iter().zip(pages).map(|(k, p)| p.map(|p| (k, p))).collect::<Result<_, _>>()?;
-    let reply = e.apply(now, &Command::Confirm { space: Space::Vllm, rank: 0, confirmations, releases: vec![] });
+    let reply = e.apply(now, &Command::Confirm { space: Space::Vllm, rank, confirmations, releases: vec![] });
     reply.map(|_| ()).map_err(|err| format!("confirm answered {err:?}"))
 }
 
 fn run(args: &[String]) -> Result<(), String> {
     let [engine_name, workload, iterations, rest @ ..] = args else {
-        return Err("usage: instructions native|wasm allocate|exists|locations ITERATIONS [BATCH=32]".into());
+        return Err("usage: instructions native|wasm allocate|exists|locations|full ITERATIONS [BATCH=32]".into());
     };
     let iterations: u64 = iterations.parse().map_err(|e| format!("ITERATIONS: {e}"))?;
     let batch: usize = rest.first().map_or(Ok(32), |b| b.parse()).map_err(|e| format!("BATCH: {e}"))?;
-    let mut e = engine(engine_name)?;
+    // `full` needs eviction off, as the bench's pool-full server has it; the rest the default.
+    let settings = if workload == "full" {
+        Settings { eviction: Eviction::Off, ..Settings::default() }
+    } else {
+        Settings::default()
+    };
+    let mut e = engine(engine_name, settings)?;
     e.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 1_000_000 })
         .map_err(|err| format!("initialize: {err:?}"))?;
     let stored = keys(16_384, 0xfeed, 0);
     for chunk in stored.chunks(128) {
-        save(e.as_mut(), 1, chunk.to_vec())?;
+        save(e.as_mut(), 1, 0, chunk.to_vec())?;
+    }
+    if workload == "full" {
+        e.apply(1, &Command::Initialize { space: Space::Vllm, rank: 1, num_pages: 1_024 })
+            .map_err(|err| format!("initialize: {err:?}"))?;
+        for chunk in keys(1_024, 0xf011, 0).chunks(128) {
+            save(e.as_mut(), 1, 1, chunk.to_vec())?;
+        }
     }
     // A fixed LCG picks the keys a lookup asks for: the same sequence in every run.
     let mut x = 12_345u64;
@@ -81,7 +96,15 @@ fn run(args: &[String]) -> Result<(), String> {
         // ends before any lease (5 s) or reservation (60 s) would expire.
         let now = 2 + i / 16;
         match workload.as_str() {
-            "allocate" => save(e.as_mut(), now, keys(batch, 0xbeef, i * batch as u64))?,
+            "allocate" => save(e.as_mut(), now, 0, keys(batch, 0xbeef, i * batch as u64))?,
+            "full" => {
+                let cmd =
+                    Command::Allocate { space: Space::Vllm, rank: 1, keys: keys(batch, 0xbeef, i * batch as u64) };
+                match e.apply(now, &cmd) {
+                    Ok(Reply::Allocated(a)) if a.iter().all(|a| a.page.is_none()) => {}
+                    other => return Err(format!("full: expected every page -1, got {other:?}")),
+                }
+            }
             "exists" | "locations" => {
                 let picked = (0..batch)
                     .map(|_| {
@@ -96,7 +119,7 @@ fn run(args: &[String]) -> Result<(), String> {
                 };
                 std::hint::black_box(e.apply(now, &cmd).map_err(|err| format!("{workload}: {err:?}"))?);
             }
-            other => return Err(format!("workload {other:?}: expected allocate, exists or locations")),
+            other => return Err(format!("workload {other:?}: expected allocate, exists, locations or full")),
         }
     }
     Ok(())
