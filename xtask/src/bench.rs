@@ -205,6 +205,11 @@ fn runs_range(runs: &Value) -> Option<String> {
 }
 
 /// `0.81 (0.70–0.94)`: a pooled ratio and its runs' range.
+/// A number with `digits` decimals, `-` when it is absent or not finite.
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
 fn ratio_runs(ratio: &Value, runs: &Value) -> String {
     let Some(r) = ratio.as_f64().filter(|r| r.is_finite()) else { return "-".into() };
     match runs_range(runs) {
@@ -275,8 +280,7 @@ fn load_table(load: &Value) -> String {
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|");
     for Point { ratio: r, workload: w, conc: c, kvpages: k, floor, peer } in points(load) {
-        let vs_peer = r["vs_peer"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.1}"));
-        let cpu = r["cpu_vs_floor"].as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.2}"));
+        let (vs_peer, cpu) = (num(r["vs_peer"].as_f64(), 1), num(r["cpu_vs_floor"].as_f64(), 2));
         let _ = writeln!(
             s,
             "| {w} | {c} | {} | {:.0} | {:.0} | {} | {} | {cpu} | {} | {vs_peer} |",
@@ -327,9 +331,12 @@ fn wasm_ratio_table(load: &Value) -> String {
         for &c in &concs {
             let at = ratios.iter().find(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c));
             let o = at.zip(wasm.as_ref()).and_then(|(r, wasm)| other_at(r, &wasm.target));
-            let cell = o.map_or("-".into(), |o| match o["cpu_vs_reference"].as_f64().filter(|v| v.is_finite()) {
-                Some(cpu) => format!("{}, cpu {cpu:.2}", ratio_runs(&o["vs_reference"], &o["runs_vs_reference"])),
-                None => ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]),
+            let cell = o.map_or("-".into(), |o| {
+                let ratio = ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]);
+                match num(o["cpu_vs_reference"].as_f64(), 2).as_str() {
+                    "-" => ratio,
+                    cpu => format!("{ratio}, cpu {cpu}"),
+                }
             });
             let _ = write!(s, " {cell} |");
         }
@@ -499,7 +506,6 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for Point { ratio: r, workload: w, conc: c, kvpages: k, floor: f, peer: p } in points(load) {
         let range = runs_range(&r["runs_vs_floor"]).unwrap_or_else(|| "-".into());
-        let opt = |v: Option<f64>, d: usize| v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.d$}"));
         let _ = writeln!(
             s,
             "| {w} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {range} | {} | {} | {} | {} | {} |",
@@ -508,13 +514,13 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
             k.lat("p50_us"),
             k.lat("p99_us"),
             k.lat("p999_us"),
-            opt(f.as_ref().map(|f| f.f("requests_per_s")), 0),
-            opt(r["vs_floor"].as_f64(), 2),
-            opt(k.opt("server_cpu_us_per_request"), 1),
-            opt(r["cpu_vs_floor"].as_f64(), 2),
-            opt(p.as_ref().map(|p| p.f("requests_per_s")), 0),
-            opt(p.as_ref().map(|p| p.lat("p50_us")), 0),
-            opt(r["vs_peer"].as_f64(), 1),
+            num(f.as_ref().map(|f| f.f("requests_per_s")), 0),
+            num(r["vs_floor"].as_f64(), 2),
+            num(k.opt("server_cpu_us_per_request"), 1),
+            num(r["cpu_vs_floor"].as_f64(), 2),
+            num(p.as_ref().map(|p| p.f("requests_per_s")), 0),
+            num(p.as_ref().map(|p| p.lat("p50_us")), 0),
+            num(r["vs_peer"].as_f64(), 1),
         );
     }
     others_md(&mut s, load);
@@ -576,7 +582,7 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
 fn others_md(s: &mut String, load: &Value) {
     use std::fmt::Write;
     let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
-    let opt = |v: &Value| v.as_f64().filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.2}"));
+    let opt = |v: &Value| num(v.as_f64(), 2);
     for Other { target, engine, durability } in other_targets(load) {
         let _ = writeln!(
             s,

@@ -29,7 +29,6 @@ const FAST_LOCATIONS: u8 = 3;
 #[derive(Debug, Default)]
 pub(super) struct Journal {
     buf: Vec<u8>,
-    len: usize,
 }
 
 /// Whether every key is a 32-hex one (kept as its 16 bytes).
@@ -49,18 +48,16 @@ impl Journal {
     /// Commands recorded.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.len
+        self.entries().count()
     }
 
     /// Drops every entry, keeping the buffer's capacity.
     pub(super) fn clear(&mut self) {
         self.buf.clear();
-        self.len = 0;
     }
 
     /// Records `cmd`, applied at `now`.
     pub(super) fn push(&mut self, now: Millis, cmd: &Command) {
-        self.len += 1;
         let b = &mut self.buf;
         let head = |b: &mut Vec<u8>, tag: u8, rank: u32, n: usize| {
             b.push(tag);
@@ -105,13 +102,14 @@ impl Journal {
     /// [`Journal::push`]) names the entry that does not decode, and ends the sequence.
     pub(super) fn entries(&self) -> impl Iterator<Item = Result<(Millis, Command), String>> + '_ {
         let mut rest = &self.buf[..];
-        let mut failed = false;
-        (0..self.len).map_while(move |i| {
-            if failed {
+        (0..).map_while(move |i| {
+            if rest.is_empty() {
                 return None;
             }
             let entry = decode(&mut rest).map_err(|e| format!("journal entry {i} does not decode: {e}"));
-            failed = entry.is_err();
+            if entry.is_err() {
+                rest = &[]; // nothing after a damaged entry can be found
+            }
             Some(entry)
         })
     }
