@@ -27,6 +27,19 @@ function pack(keys) {
   return out;
 }
 
+/**
+ * `allocate`'s `packed-allocations`: two words a distinct key, the index (bit 31: a cache hit)
+ * and the page (0xffffffff: none).
+ */
+function unpackAllocations(words) {
+  const out = [];
+  for (let i = 0; i < words.length; i += 2) {
+    const [w, page] = [words[i], words[i + 1]];
+    out.push({ index: w & 0x7fffffff, page: page === 0xffffffff ? undefined : page, cached: w >= 0x80000000 });
+  }
+  return out;
+}
+
 /** The WIT `error` a call threw (jco throws the variant itself, or wraps it in `payload`). */
 const payload = (e) => e.payload ?? e;
 
@@ -60,8 +73,9 @@ test('allocate, confirm, exists, locations in jco on Node.js', async () => {
     const keys = ['386b2d9cf5aa91ba3a4b42c35396c822', 'k-two', 'k-two'];
     for (const rank of [0, 1]) {
       const got = engine.allocate(2n, vllm, rank, pack(keys));
+      assert.deepEqual([...got], [0, 0, 1, 1]);
       assert.deepEqual(
-        got.map((a) => [a.index, a.page, a.cached]),
+        unpackAllocations(got).map((a) => [a.index, a.page, a.cached]),
         [[0, 0, false], [1, 1, false]],
       );
       const report = engine.confirm(3n, vllm, rank, pack(keys.slice(0, 2)), new Uint32Array([0, 1]), new Uint32Array([]));
@@ -107,8 +121,10 @@ test('a snapshot taken in jco restores there', async () => {
   try {
     engine.create(7n, { ...settings, worldSize: undefined });
     engine.initialize(1n, vllm, 0, 16);
-    const [a] = engine.allocate(2n, vllm, 0, pack(['k']));
+    const [a] = unpackAllocations(engine.allocate(2n, vllm, 0, pack(['k'])));
     engine.confirm(3n, vllm, 0, pack(['k']), new Uint32Array([a.page]), new Uint32Array([]));
+    // Allocated again once complete: a cache hit on its page (bit 31 of the index word).
+    assert.deepEqual([...engine.allocate(3n, vllm, 0, pack(['k']))], [0x80000000, a.page]);
     const snap = engine.snapshot();
     engine.clear(4n, vllm);
     assert.deepEqual(engine.exists(5n, vllm, pack(['k'])), [false]);

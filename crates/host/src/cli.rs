@@ -106,7 +106,7 @@ pub struct ServeArgs {
     #[arg(long, env = "KVPAGES_ENGINE", value_enum, default_value_t = EngineKind::Wasm)]
     pub engine: EngineKind,
     /// With `--engine wasm`: run this component instead of the embedded one. It must implement
-    /// the WIT world kvpages:engine/plugin@0.1.0 (wit/kvpages.wit) and import nothing; checked at
+    /// the WIT world kvpages:engine/plugin@0.2.0 (wit/kvpages.wit) and import nothing; checked at
     /// start-up.
     #[arg(long, env = "KVPAGES_PLUGIN")]
     pub plugin: Option<std::path::PathBuf>,

@@ -392,7 +392,7 @@ fn a_component_of_another_world_is_refused_at_start_up() {
             (core instance $i (instantiate $m))
             (func (export "answer") (result u32) (canon lift (core func $i "f"))))"#,
     );
-    assert!(e.contains("does not implement the WIT world kvpages:engine/plugin@0.1.0"), "{e}");
+    assert!(e.contains("does not implement the WIT world kvpages:engine/plugin@0.2.0"), "{e}");
     assert!(e.contains("\"answer\""), "{e}");
 }
 
@@ -405,7 +405,7 @@ fn a_component_exporting_an_engine_of_the_wrong_shape_is_refused() {
             (core instance $i (instantiate $m))
             (func $create (canon lift (core func $i "create")))
             (instance $engine (export "create" (func $create)))
-            (export "kvpages:engine/engine@0.1.0" (instance $engine)))"#,
+            (export "kvpages:engine/engine@0.2.0" (instance $engine)))"#,
     );
     assert!(e.contains("does not implement the WIT world"), "{e}");
 }

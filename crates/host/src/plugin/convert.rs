@@ -47,22 +47,14 @@ pub(super) fn keys_in(cmd: &Command) -> usize {
 /// The `packed-keys` prefix of a 32-hex key sent as its 16 raw bytes (`wit/kvpages.wit`).
 const RAW_HEX: u16 = 0x8000 | 16;
 
-/// Appends keys in the `packed-keys` format: with `raw`, a 32-hex key (vLLM's and SGLang's) as
-/// [`RAW_HEX`] and its 16 bytes, which the guest takes as they are; any other key (and every
-/// key for a component that predates the raw form) as `u16le length ++ text`.
-fn pack<'a>(out: &mut Vec<u8>, raw: bool, keys: impl IntoIterator<Item = &'a Key>) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+/// Appends keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`]
+/// and its 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
+fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
     for key in keys {
         match key {
-            Key::Hex(bytes) if raw => {
+            Key::Hex(bytes) => {
                 out.extend_from_slice(&RAW_HEX.to_le_bytes());
                 out.extend_from_slice(bytes);
-            }
-            Key::Hex(bytes) => {
-                out.extend_from_slice(&32u16.to_le_bytes());
-                for b in bytes {
-                    out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
-                }
             }
             // Keys are at most 1024 bytes (`Key::parse`), far below the raw-form bit.
             Key::Text(text) => {
@@ -73,11 +65,31 @@ fn pack<'a>(out: &mut Vec<u8>, raw: bool, keys: impl IntoIterator<Item = &'a Key
     }
 }
 
-fn packed<'a>(raw: bool, keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
     // 18 bytes a key in the common case; text keys grow it as needed.
-    let mut out = Vec::with_capacity(keys.len() * if raw { 18 } else { 34 });
-    pack(&mut out, raw, keys);
+    let mut out = Vec::with_capacity(keys.len() * 18);
+    pack(&mut out, keys);
     out
+}
+
+/// `packed-allocations`' flag of a cache hit, on word 0 (`wit/kvpages.wit`).
+const CACHED: u32 = 1 << 31;
+/// `packed-allocations`' word 1 when the key got no page.
+const NO_PAGE: u32 = u32::MAX;
+
+/// Decodes `allocate`'s `packed-allocations`: two words a distinct key.
+fn allocations(words: &[u32]) -> Result<Vec<kv::Allocation>, EngineError> {
+    let (pairs, []) = words.as_chunks::<2>() else {
+        return Err(EngineError::Fault(format!("the plugin answered {} allocation words, not pairs", words.len())));
+    };
+    Ok(pairs
+        .iter()
+        .map(|&[index, page]| kv::Allocation {
+            index: index & !CACHED,
+            page: (page != NO_PAGE).then_some(page),
+            cached: index & CACHED != 0,
+        })
+        .collect())
 }
 
 fn space(s: &kv::Space) -> wit::Space {
@@ -248,13 +260,13 @@ fn key_info(k: wit::KeyInfo) -> Result<kv::KeyInfo, EngineError> {
     })
 }
 
-fn sglang_pool(raw: bool, p: &kv::SglangPool) -> wit::SglangPool {
+fn sglang_pool(p: &kv::SglangPool) -> wit::SglangPool {
     wit::SglangPool {
         rank: p.rank,
         namespace: p.namespace.to_string(),
         num_pages: p.num_pages,
         free_pages: p.free_pages.clone(),
-        keys: packed(raw, p.keys.iter().map(|(k, _)| k)),
+        keys: packed(p.keys.iter().map(|(k, _)| k)),
         pages: p.keys.iter().map(|(_, page)| *page).collect(),
     }
 }
@@ -291,7 +303,6 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
         | Command::Locations { .. }
         | Command::Delete { .. } => Budget::Keys(keys_in(cmd)),
     };
-    let raw = inst.raw_hex();
     inst.call(budget, |p, s| {
         let e = p.kvpages_engine_engine();
         Ok(match cmd {
@@ -313,17 +324,11 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                 })
                 .map_err(error),
             Command::Allocate { space: sp, rank, keys } => e
-                .call_allocate(s, now, &space(sp), *rank, &packed(raw, keys.iter()))?
-                .map(|a| {
-                    Reply::Allocated(
-                        a.into_iter()
-                            .map(|a| kv::Allocation { index: a.index, page: a.page, cached: a.cached })
-                            .collect(),
-                    )
-                })
-                .map_err(error),
+                .call_allocate(s, now, &space(sp), *rank, &packed(keys.iter()))?
+                .map_err(error)
+                .and_then(|words| allocations(&words).map(Reply::Allocated)),
             Command::Confirm { space: sp, rank, confirmations, releases } => {
-                let keys = packed(raw, confirmations.iter().map(|(k, _)| k));
+                let keys = packed(confirmations.iter().map(|(k, _)| k));
                 let pages: Vec<u32> = confirmations.iter().map(|(_, p)| *p).collect();
                 e.call_confirm(s, now, &space(sp), *rank, &keys, &pages, releases)?
                     .map(|r| {
@@ -349,14 +354,13 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                     .map_err(error)
             }
             Command::Exists { space: sp, keys } => {
-                e.call_exists(s, now, &space(sp), &packed(raw, keys.iter()))?.map(Reply::Exists).map_err(error)
+                e.call_exists(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Exists).map_err(error)
             }
-            Command::Locations { space: sp, rank, keys } => e
-                .call_locations(s, now, &space(sp), *rank, &packed(raw, keys.iter()))?
-                .map(Reply::Locations)
-                .map_err(error),
+            Command::Locations { space: sp, rank, keys } => {
+                e.call_locations(s, now, &space(sp), *rank, &packed(keys.iter()))?.map(Reply::Locations).map_err(error)
+            }
             Command::Delete { space: sp, keys } => {
-                e.call_delete(s, now, &space(sp), &packed(raw, keys.iter()))?.map(Reply::Deleted).map_err(error)
+                e.call_delete(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Deleted).map_err(error)
             }
             Command::Inspect { space: sp, key: k } => match e.call_inspect(s, now, &space(sp), &k.to_string())? {
                 Ok(None) => Ok(Reply::Key(None)),
@@ -373,7 +377,7 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                 .map_err(error),
             Command::Stats => e.call_stats(s, now)?.map(|st| Reply::Stats(Box::new(stats(st)))).map_err(error),
             Command::ImportSglang { pools, replace } => {
-                let pools: Vec<wit::SglangPool> = pools.iter().map(|p| sglang_pool(raw, p)).collect();
+                let pools: Vec<wit::SglangPool> = pools.iter().map(sglang_pool).collect();
                 e.call_import_sglang(s, now, &pools, *replace)?
                     .map(|i| Reply::Imported { pools: i.pools, keys: i.keys, leaked_pages: i.leaked_pages })
                     .map_err(error)
@@ -398,7 +402,7 @@ mod tests {
         let keys: Vec<Key> = ["386b2d9cf5aa91ba3a4b42c35396c822", "k", "386B2D9CF5AA91BA3A4B42C35396C822"]
             .map(|k| Key::parse(k).unwrap())
             .into();
-        let bytes = packed(true, keys.iter());
+        let bytes = packed(keys.iter());
         assert_eq!(&bytes[..2], &[0x10, 0x80]);
         assert_eq!(
             &bytes[2..18],
@@ -414,8 +418,15 @@ mod tests {
         text.extend_from_slice(b"386b2d9cf5aa91ba3a4b42c35396c822");
         assert_eq!(unpack(&text).unwrap(), keys[..1]);
         assert!(unpack(&[0x10, 0x80, 1, 2]).is_err());
-        // For a component without the raw form: the text.
-        let bytes = packed(false, keys[..1].iter());
-        assert_eq!(bytes, text);
+    }
+
+    #[test]
+    fn packed_allocations_decode_with_the_hit_flag_and_the_no_page_word() {
+        let got = allocations(&[0, 7, 1 | 1 << 31, 3, 5, u32::MAX]).unwrap();
+        let want = [(0, Some(7), false), (1, Some(3), true), (5, None, false)]
+            .map(|(index, page, cached)| kv::Allocation { index, page, cached });
+        assert_eq!(got, want);
+        assert_eq!(allocations(&[]).unwrap(), []);
+        assert!(matches!(allocations(&[0, 1, 2]), Err(EngineError::Fault(e)) if e.contains("3 allocation words")));
     }
 }

@@ -8,7 +8,7 @@
 //!   a failed allocation), and the guard remembers it so the trap can be named.
 //! - The linker is empty: the plugin is granted no imports at all (no WASI, no clock, no host
 //!   functions). A component that imports anything, or that does not export
-//!   `kvpages:engine/engine@0.1.0`, is refused when it is loaded, with the reason.
+//!   `kvpages:engine/engine@0.2.0`, is refused when it is loaded, with the reason.
 //! - A component is compiled once ([`Sandbox::load`]) into an `InstancePre`; instantiating it
 //!   again after a trap costs ~0.1 ms.
 
@@ -180,9 +180,6 @@ fn engine() -> &'static Engine {
 pub struct Sandbox {
     pre: PluginPre<Guard>,
     limits: Limits,
-    /// Whether the component takes 32-hex keys in the raw form (prefix 0x8010 of `packed-keys`);
-    /// a component built before that form existed gets their text.
-    raw_hex: bool,
     /// What was loaded (`embedded` or the file's path), for messages.
     origin: String,
 }
@@ -218,28 +215,10 @@ impl Sandbox {
         let pre = PluginPre::new(instance_pre).map_err(|e| {
             let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_owned()).collect();
             format!(
-                "{origin} does not implement the WIT world kvpages:engine/plugin@0.1.0 (wit/kvpages.wit): {e:#}; it exports {exports:?}"
+                "{origin} does not implement the WIT world kvpages:engine/plugin@0.2.0 (wit/kvpages.wit): {e:#}; it exports {exports:?}"
             )
         })?;
-        let mut sandbox = Sandbox { pre, limits, origin: origin.to_owned(), raw_hex: false };
-        sandbox.raw_hex = sandbox.takes_raw_hex();
-        Ok(sandbox)
-    }
-
-    /// Asks a fresh instance (before `create`) whether it decodes a raw hex key: one that does
-    /// answers `not-created`, an older one refuses the batch as `invalid-input`.
-    fn takes_raw_hex(&self) -> bool {
-        use super::bindings::exports::kvpages::engine::engine::{Error, Space};
-        let Ok(mut inst) = self.instantiate() else { return false };
-        let mut probe = vec![0x10, 0x80];
-        probe.extend_from_slice(&[0; 16]);
-        let answer = inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_exists(s, 0, &Space::Vllm, &probe));
-        !matches!(answer, Ok(Err(Error::InvalidInput(_))) | Err(_))
-    }
-
-    /// Whether instances take 32-hex keys in `packed-keys`' raw form.
-    pub fn raw_hex(&self) -> bool {
-        self.raw_hex
+        Ok(Sandbox { pre, limits, origin: origin.to_owned() })
     }
 
     /// The component built into the binary, compiled once per process.
@@ -275,7 +254,7 @@ impl Sandbox {
         // Instantiation runs no guest code of ours, but give it a deadline all the same.
         store.set_epoch_deadline(ticks(self.limits.call));
         let plugin = self.pre.instantiate(&mut store).map_err(|e| format!("instantiating {}: {e:#}", self.origin))?;
-        Ok(Instance { store, plugin, limits: self.limits, raw_hex: self.raw_hex })
+        Ok(Instance { store, plugin, limits: self.limits })
     }
 }
 
@@ -288,7 +267,6 @@ pub struct Instance {
     store: Store<Guard>,
     plugin: Plugin,
     limits: Limits,
-    raw_hex: bool,
 }
 
 impl std::fmt::Debug for Instance {
@@ -301,11 +279,6 @@ impl Instance {
     /// Current size of the guest's linear memory, in bytes.
     pub fn memory(&self) -> u64 {
         self.store.data().memory
-    }
-
-    /// Whether the component takes 32-hex keys in `packed-keys`' raw form.
-    pub fn raw_hex(&self) -> bool {
-        self.raw_hex
     }
 
     /// The deadline a call of this size gets.
@@ -340,15 +313,5 @@ impl Instance {
                 _ => Trap::Other(format!("{e:#}")),
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_embedded_plugin_takes_raw_hex_keys() {
-        assert!(Sandbox::embedded(Limits::default()).unwrap().raw_hex());
     }
 }

@@ -150,9 +150,22 @@ pub(crate) fn init_outcome(o: kv::InitOutcome) -> wit::InitOutcome {
     }
 }
 
-pub(crate) fn allocation(a: &kv::Allocation) -> wit::Allocation {
-    wit::Allocation { index: a.index, page: a.page, cached: a.cached }
+/// `packed-allocations` (wit/kvpages.wit): two words a distinct key, the index with bit 31 for
+/// a cache hit, then the page or `NO_PAGE`.
+pub(crate) fn allocations(a: &[kv::Allocation]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(a.len() * 2);
+    for a in a {
+        out.push(a.index | if a.cached { CACHED } else { 0 });
+        out.push(a.page.unwrap_or(NO_PAGE));
+    }
+    out
 }
+
+/// `packed-allocations`' flag of a cache hit, on word 0. An index is below the batch's length,
+/// under 2^31: a packed key takes at least 3 bytes, and a wasm32 memory holds 4 GiB.
+const CACHED: u32 = 1 << 31;
+/// `packed-allocations`' word 1 when the key got no page (a page is below the pool's size).
+const NO_PAGE: u32 = u32::MAX;
 
 fn refused(r: &kv::Refused) -> wit::Refused {
     wit::Refused {

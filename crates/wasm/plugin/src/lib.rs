@@ -106,14 +106,14 @@ impl wit::Guest for Plugin {
         expect!(reply, Reply::Initialized { outcome, .. } => Ok(convert::init_outcome(outcome)))
     }
 
-    fn allocate(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<wit::Allocation>, wit::Error> {
+    fn allocate(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<u32>, wit::Error> {
         let keys = convert::unpack_keys(&keys)?;
         #[cfg(feature = "chaos")]
         let after = chaos::before(&keys);
         let reply = apply(now, &Command::Allocate { space: convert::space(space), rank, keys })?;
         #[cfg(feature = "chaos")]
         chaos::after(after);
-        expect!(reply, Reply::Allocated(a) => Ok(a.iter().map(convert::allocation).collect()))
+        expect!(reply, Reply::Allocated(a) => Ok(convert::allocations(&a)))
     }
 
     fn confirm(
@@ -206,7 +206,7 @@ impl wit::Guest for Plugin {
 }
 
 // Only wasm32 exports the functions: native linkers refuse the component-model export names
-// (`kvpages:engine/engine@0.1.0#allocate`), and native code (the unit tests) calls `Plugin`.
+// (`kvpages:engine/engine@0.2.0#allocate`), and native code (the unit tests) calls `Plugin`.
 #[cfg(target_arch = "wasm32")]
 bindings::export!(Plugin with_types_in bindings);
 
@@ -232,9 +232,8 @@ mod tests {
         let sp = || wit::Space::Vllm;
         assert!(matches!(Plugin::initialize(1, sp(), 0, 8), Ok(wit::InitOutcome::Created(false))));
         let keys = packed(&["386b2d9cf5aa91ba3a4b42c35396c822", "k2", "k2"]);
-        let a = Plugin::allocate(2, sp(), 0, keys.clone()).unwrap();
-        assert_eq!(a.len(), 2);
-        assert_eq!((a[0].page, a[1].page, a[1].index), (Some(0), Some(1), 1));
+        // Two distinct keys: (index, page) each, packed.
+        assert_eq!(Plugin::allocate(2, sp(), 0, keys.clone()).unwrap(), alloc::vec![0, 0, 1, 1]);
         let two = packed(&["386b2d9cf5aa91ba3a4b42c35396c822", "k2"]);
         let r = Plugin::confirm(3, sp(), 0, two.clone(), alloc::vec![0, 1], alloc::vec![]).unwrap();
         assert_eq!(r.committed, 2);
@@ -252,6 +251,22 @@ mod tests {
     }
 
     #[test]
+    fn allocations_are_packed_with_the_hit_flag_and_the_no_page_word() {
+        let _serial = TEST_LOCK.lock().unwrap();
+        let off = kvpages_core::Settings { eviction: kvpages_core::Eviction::Off, ..Default::default() };
+        Plugin::create(7, convert::settings_out(off));
+        let sp = || wit::Space::Vllm;
+        Plugin::initialize(1, sp(), 0, 4).unwrap();
+        assert_eq!(Plugin::allocate(2, sp(), 0, packed(&["a"])).unwrap(), alloc::vec![0, 0]);
+        Plugin::confirm(3, sp(), 0, packed(&["a"]), alloc::vec![0], alloc::vec![]).unwrap();
+        // "a" is a hit at index 1 (bit 31), "b" at index 2 takes page 1 (0 went back: vLLM's rotation).
+        assert_eq!(Plugin::allocate(4, sp(), 0, packed(&["b", "a", "b"])).unwrap(), alloc::vec![0, 1, 1 | 1 << 31, 0]);
+        // Three fresh keys, two free pages, eviction off: no page for any (the wire's -1).
+        let full = Plugin::allocate(5, sp(), 0, packed(&["c", "d", "e"])).unwrap();
+        assert_eq!(full, alloc::vec![0, u32::MAX, 1, u32::MAX, 2, u32::MAX]);
+    }
+
+    #[test]
     fn raw_hex_keys_are_the_same_keys_as_their_text() {
         let _serial = TEST_LOCK.lock().unwrap();
         Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
@@ -265,8 +280,7 @@ mod tests {
         assert_eq!(&raw[..2], &[0x10, 0x80]);
         convert::pack_core_key(&mut raw, &kvpages_core::Key::parse("k2").unwrap());
         assert_eq!(&raw[18..], &[2, 0, b'k', b'2']);
-        let a = Plugin::allocate(2, sp(), 0, raw.clone()).unwrap();
-        assert_eq!((a[0].page, a[1].page), (Some(0), Some(1)));
+        assert_eq!(Plugin::allocate(2, sp(), 0, raw.clone()).unwrap(), alloc::vec![0, 0, 1, 1]);
         Plugin::confirm(3, sp(), 0, packed(&[text, "k2"]), alloc::vec![0, 1], alloc::vec![]).unwrap();
         assert_eq!(Plugin::exists(4, sp(), packed(&[text])).unwrap(), alloc::vec![true]);
         assert_eq!(Plugin::locations(5, sp(), 0, raw).unwrap(), alloc::vec![Some(0), Some(1)]);
