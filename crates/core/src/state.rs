@@ -11,7 +11,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::hash::BuildHasher;
 
-use hashbrown::HashTable;
 
 use crate::command::*;
 use crate::error::{Error, PagePlace};
@@ -1163,15 +1162,38 @@ fn missing_space(space: &Space) -> Error {
 
 /// Indices of the first occurrence of each distinct key, in order, with the key's hash under
 /// `hasher` (the key table's); O(batch).
+///
+/// The seen set is a linear-probing table of positions in `out` (+1; 0 is empty) at most half
+/// full, found by the hash's top bits: a fresh key (the common case) costs one probe and one
+/// store, where hashbrown's table probed twice (find, then insert) and wrote control bytes.
 fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<(u32, u64)> {
-    let mut seen: HashTable<u32> = HashTable::with_capacity(keys.len());
-    let mut out = Vec::with_capacity(keys.len());
+    let mut out: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
+    if keys.len() <= 1 {
+        out.extend(keys.iter().map(|k| (0, hasher.hash_one(k))));
+        return out;
+    }
+    // 2..4 buckets a key; a power of two, so the top bits pick the bucket.
+    let bits = (keys.len() * 2).next_power_of_two().trailing_zeros();
+    let mask = (1usize << bits) - 1;
+    let mut seen = alloc::vec![0u32; 1 << bits];
     for (i, k) in keys.iter().enumerate() {
         let hash = hasher.hash_one(k);
-        let dup = seen.find(hash, |&j| keys[j as usize] == *k).is_some();
-        if !dup {
-            seen.insert_unique(hash, i as u32, |&j| hasher.hash_one(&keys[j as usize]));
-            out.push((i as u32, hash));
+        let mut b = (hash >> (64 - bits)) as usize;
+        loop {
+            match seen[b] {
+                0 => {
+                    out.push((i as u32, hash));
+                    seen[b] = out.len() as u32;
+                    break;
+                }
+                at => {
+                    let (j, h) = out[at as usize - 1];
+                    if h == hash && keys[j as usize] == *k {
+                        break; // a repeat of key `j`
+                    }
+                }
+            }
+            b = (b + 1) & mask;
         }
     }
     out
@@ -1181,6 +1203,35 @@ fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<(u32, u64
 mod tests {
     use super::*;
     use alloc::vec;
+
+    #[test]
+    fn distinct_indices_are_each_keys_first_position_with_its_hash() {
+        use core::hash::BuildHasher;
+        let hasher = crate::keys::Hasher::with_seed(7);
+        // Sizes around the table's power-of-two steps, from no repeats to almost all repeats.
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for len in [0usize, 1, 2, 3, 4, 5, 31, 32, 33, 64, 127, 128, 129, 1000] {
+            for distinct in [1u64, 2, 7, len as u64 / 2 + 1, len as u64 + 1] {
+                let keys: Vec<Key> = (0..len)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let n = rng % distinct;
+                        // Hex and text keys both.
+                        Key::parse(&if n % 2 == 0 { alloc::format!("{n:032x}") } else { alloc::format!("k{n}") }).unwrap()
+                    })
+                    .collect();
+                let mut want: Vec<(u32, u64)> = Vec::new();
+                for (i, k) in keys.iter().enumerate() {
+                    if !keys[..i].contains(k) {
+                        want.push((i as u32, hasher.hash_one(k)));
+                    }
+                }
+                assert_eq!(distinct_indices(&hasher, &keys), want, "{len} keys of {distinct}");
+            }
+        }
+    }
 
     #[cfg(feature = "serde")] // compares snapshots
     #[test]
