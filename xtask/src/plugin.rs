@@ -115,14 +115,17 @@ fn compile(route: Route, features: &str) -> Result<PathBuf> {
     let args = ["build", "-p", "kvpages-plugin", "--target", "wasm32-unknown-unknown", "--profile", "plugin"];
     let args = [&args[..], &["--features", features]].concat();
     const FLAGS: &str = "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS";
+    let extra = std::env::var("XX_GUEST_FLAGS").unwrap_or_default();
+    let flags = format!("{GUEST_RUSTFLAGS} {extra}");
+    let guest_flags = flags.as_str();
     match route {
         Route::Rustup => {
-            run(cargo().env(FLAGS, GUEST_RUSTFLAGS).args(&args))?;
+            run(cargo().env(FLAGS, guest_flags).args(&args))?;
             Ok(root().join("target/wasm32-unknown-unknown/plugin/kvpages_plugin.wasm"))
         }
         Route::Debian => {
             debian_toolchain()?;
-            run(debian_cargo().env(FLAGS, GUEST_RUSTFLAGS).args(&args).args([
+            run(debian_cargo().env(FLAGS, guest_flags).args(&args).args([
                 "--target-dir",
                 "target/wasm-debian",
                 "-Zbuild-std=core,alloc",

@@ -11,7 +11,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::hash::BuildHasher;
 
-
 use crate::command::*;
 use crate::error::{Error, PagePlace};
 use crate::key::Key;
@@ -1219,7 +1218,12 @@ mod tests {
                         rng ^= rng << 17;
                         let n = rng % distinct;
                         // Hex and text keys both.
-                        Key::parse(&if n % 2 == 0 { alloc::format!("{n:032x}") } else { alloc::format!("k{n}") }).unwrap()
+                        Key::parse(&if n.is_multiple_of(2) {
+                            alloc::format!("{n:032x}")
+                        } else {
+                            alloc::format!("k{n}")
+                        })
+                        .unwrap()
                     })
                     .collect();
                 let mut want: Vec<(u32, u64)> = Vec::new();
