@@ -106,7 +106,8 @@ pub(crate) fn debian_cargo() -> Command {
 /// fresh keys 196.9k -> 182.3k a cycle, of 128 keys 711.5k -> 656.7k, exists/locations of 32
 /// stored keys -0.5k/-0.8k; 500 gave only -3k, 3000 the same as 1000 at 2.5x the size.
 /// The component grows from ~290 KB to ~375 KB. Cargo lets a `RUSTFLAGS` in the environment
-/// override target flags, so a build under one loses this; on the Debian route `-Zbuild-std`
+/// override target flags, so a build under one loses this (`KVPAGES_GUEST_RUSTFLAGS` adds flags
+/// to these instead); on the Debian route `-Zbuild-std`
 /// compiles `core` and `alloc` with it too (rustup's are prebuilt).
 const GUEST_RUSTFLAGS: &str = "-Cllvm-args=-inline-threshold=1000";
 
@@ -115,7 +116,8 @@ fn compile(route: Route, features: &str) -> Result<PathBuf> {
     let args = ["build", "-p", "kvpages-plugin", "--target", "wasm32-unknown-unknown", "--profile", "plugin"];
     let args = [&args[..], &["--features", features]].concat();
     const FLAGS: &str = "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS";
-    let extra = std::env::var("XX_GUEST_FLAGS").unwrap_or_default();
+    // For experiments (flags to compare by instruction count): appended to the guest's flags.
+    let extra = std::env::var("KVPAGES_GUEST_RUSTFLAGS").unwrap_or_default();
     let flags = format!("{GUEST_RUSTFLAGS} {extra}");
     let guest_flags = flags.as_str();
     match route {
