@@ -118,16 +118,15 @@ fn compile(route: Route, features: &str) -> Result<PathBuf> {
     const FLAGS: &str = "CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS";
     // For experiments (flags to compare by instruction count): appended to the guest's flags.
     let extra = std::env::var("KVPAGES_GUEST_RUSTFLAGS").unwrap_or_default();
-    let flags = format!("{GUEST_RUSTFLAGS} {extra}");
-    let guest_flags = flags.as_str();
+    let guest_flags = format!("{GUEST_RUSTFLAGS} {extra}");
     match route {
         Route::Rustup => {
-            run(cargo().env(FLAGS, guest_flags).args(&args))?;
+            run(cargo().env(FLAGS, &guest_flags).args(&args))?;
             Ok(root().join("target/wasm32-unknown-unknown/plugin/kvpages_plugin.wasm"))
         }
         Route::Debian => {
             debian_toolchain()?;
-            run(debian_cargo().env(FLAGS, guest_flags).args(&args).args([
+            run(debian_cargo().env(FLAGS, &guest_flags).args(&args).args([
                 "--target-dir",
                 "target/wasm-debian",
                 "-Zbuild-std=core,alloc",

@@ -1167,11 +1167,7 @@ fn missing_space(space: &Space) -> Error {
 /// store, where hashbrown's table probed twice (find, then insert) and wrote control bytes.
 fn distinct_indices(hasher: &crate::keys::Hasher, keys: &[Key]) -> Vec<(u32, u64)> {
     let mut out: Vec<(u32, u64)> = Vec::with_capacity(keys.len());
-    if keys.len() <= 1 {
-        out.extend(keys.iter().map(|k| (0, hasher.hash_one(k))));
-        return out;
-    }
-    // 2..4 buckets a key; a power of two, so the top bits pick the bucket.
+    // 2..4 buckets a key; a power of two, so the top bits pick the bucket (no key, no bits).
     let bits = (keys.len() * 2).next_power_of_two().trailing_zeros();
     let mask = (1usize << bits) - 1;
     let mut seen = alloc::vec![0u32; 1 << bits];

@@ -47,9 +47,11 @@ pub(super) fn keys_in(cmd: &Command) -> usize {
 /// The `packed-keys` prefix of a 32-hex key sent as its 16 raw bytes (`wit/kvpages.wit`).
 const RAW_HEX: u16 = 0x8000 | 16;
 
-/// Appends keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`]
-/// and its 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
-fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
+/// Keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its
+/// 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
+fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+    // 18 bytes a key in the common case; text keys grow it as needed.
+    let mut out = Vec::with_capacity(keys.len() * 18);
     for key in keys {
         match key {
             Key::Hex(bytes) => {
@@ -63,12 +65,6 @@ fn pack<'a>(out: &mut Vec<u8>, keys: impl IntoIterator<Item = &'a Key>) {
             }
         }
     }
-}
-
-fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
-    // 18 bytes a key in the common case; text keys grow it as needed.
-    let mut out = Vec::with_capacity(keys.len() * 18);
-    pack(&mut out, keys);
     out
 }
 
