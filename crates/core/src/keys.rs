@@ -164,6 +164,22 @@ impl KeyTable {
         }
     }
 
+    /// Removes every key and keeps the memory: the slab's capacity and the index's buckets,
+    /// so a table filled again to its old size neither grows nor copies (see `Spare` in
+    /// `state`).
+    pub(crate) fn clear(&mut self) {
+        self.slots.clear();
+        self.vacant.clear();
+        self.index.clear();
+        (self.newest, self.oldest, self.committed) = (NIL, NIL, 0);
+        (self.cand_newest, self.cand_oldest) = (NIL, NIL);
+    }
+
+    /// Entries the slab holds before it grows.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.capacity()
+    }
+
     pub(crate) fn hasher(&self) -> &Hasher {
         &self.hasher
     }

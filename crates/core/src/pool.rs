@@ -125,6 +125,18 @@ impl Pool {
         }
     }
 
+    /// [`Pool::new`] in the memory of `table` (a cleared rank's page table, emptied here): a
+    /// rank whose pages are handed out again does not grow its table a second time.
+    pub(crate) fn reusing(num_pages: u32, order: PoolOrder, mut table: Vec<PageState>) -> Pool {
+        table.clear();
+        Pool { table, ..Pool::new(num_pages, order) }
+    }
+
+    /// The page table's memory, for [`Pool::reusing`].
+    pub(crate) fn into_table(self) -> Vec<PageState> {
+        self.table
+    }
+
     /// A pool in a given state: `committed` pages held by key slots, `free_stack` free pages in
     /// hand-out order reversed (the last is handed out first, as SGLang persists it); every other
     /// page is free too and goes out after those. The caller has checked the pages are distinct

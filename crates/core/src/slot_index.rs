@@ -57,6 +57,13 @@ impl SlotIndex {
         self.len
     }
 
+    /// Removes every pair and keeps the buckets: an index filled again to its old size does
+    /// not grow again.
+    pub(crate) fn clear(&mut self) {
+        self.buckets.fill(EMPTY);
+        self.len = 0;
+    }
+
     fn mask(&self) -> usize {
         self.buckets.len() - 1
     }
@@ -219,6 +226,26 @@ mod tests {
         let stored = index.buckets.iter().filter(|&&b| b != EMPTY).count();
         assert_eq!(stored, model.len());
         assert!(index.buckets.is_empty() || index.len * 4 <= index.buckets.len() * 3, "load over 3/4");
+    }
+
+    #[test]
+    fn a_cleared_index_keeps_its_buckets_and_finds_nothing_it_held() {
+        let mut index = SlotIndex::default();
+        for slot in 0..1000 {
+            index.insert_unique(slot % 97, slot);
+        }
+        let buckets = index.buckets.len();
+        index.clear();
+        check(&index, &[]);
+        assert_eq!(index.buckets.len(), buckets);
+        assert_eq!(index.find(5, |_| true), None);
+        assert_eq!(index.first(5), None);
+        let model: Vec<(u32, u32)> = (0..1000).map(|slot| (slot % 89, slot + 7)).collect();
+        for &(tag, slot) in &model {
+            index.insert_unique(tag, slot);
+        }
+        check(&index, &model);
+        assert_eq!(index.buckets.len(), buckets, "refilled to its old size, it did not grow");
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Core {
                 return Err(SnapshotError::Inconsistent(alloc::format!("space {space:?} appears twice")));
             }
         }
-        let core = Core { seed: image.seed, settings: image.settings, spaces };
+        let core = Core { seed: image.seed, settings: image.settings, spaces, spare: Default::default() };
         core.check_invariants().map_err(SnapshotError::Inconsistent)?;
         Ok(core)
     }
