@@ -799,12 +799,15 @@ impl Core {
             return Err(Error::PageOutOfRange { rank, page, num_pages, place });
         }
 
-        let sp = self.space_mut(space, now).expect("space exists");
+        let SpaceState { ranks, keys: table, leases, counters, .. } =
+            self.space_mut(space, now).expect("space exists");
+        // Looked up once: a map lookup per pair costs more than the pair's own work in wasm.
+        let pool = ranks.get_mut(&rank).expect("rank exists");
         // The page names its key's slot: one look at that entry, no hash lookup (the table
         // holds each key in one slot, so "slot s holds key" is "key's slot is s").
-        let verdict = |sp: &SpaceState, key: &Key, page: u32| -> Result<u32, Refusal> {
-            let holds = |s: u32| sp.keys.get_live(s).is_some_and(|e| e.key == *key);
-            match sp.ranks[&rank].state(page) {
+        let verdict = |pool: &Pool, table: &KeyTable, key: &Key, page: u32| -> Result<u32, Refusal> {
+            let holds = |s: u32| table.get_live(s).is_some_and(|e| e.key == *key);
+            match pool.state(page) {
                 Page::Free | Page::Quarantined { .. } => Err(Refusal::NotReserved),
                 Page::Reserved { slot: s, .. } if holds(s) => Ok(s),
                 Page::Reserved { .. } => Err(Refusal::ReservedForAnotherKey),
@@ -814,14 +817,14 @@ impl Core {
         };
         // Refused pairs change nothing, so the first pair acceptable now is accepted when its
         // turn comes: "every pair refused" can be decided before anything is applied.
-        if !confirmations.is_empty() && confirmations.iter().all(|(k, p)| verdict(sp, k, *p).is_err()) {
+        if !confirmations.is_empty() && confirmations.iter().all(|(k, p)| verdict(pool, table, k, *p).is_err()) {
             let refused = confirmations
                 .iter()
                 .enumerate()
                 .map(|(i, (k, p))| Refused {
                     index: i as u32,
                     page: *p,
-                    reason: verdict(sp, k, *p).expect_err("all refused"),
+                    reason: verdict(pool, table, k, *p).expect_err("all refused"),
                 })
                 .collect();
             return Err(Error::NothingConfirmed { refused });
@@ -830,19 +833,18 @@ impl Core {
         let mut report = ConfirmReport::default();
         for (i, (key, page)) in confirmations.iter().enumerate() {
             let page = *page;
-            let slot = match verdict(sp, key, page) {
+            let slot = match verdict(pool, table, key, page) {
                 Ok(slot) => slot,
                 Err(reason) => {
                     report.refused.push(Refused { index: i as u32, page, reason });
                     continue;
                 }
             };
-            let pool = sp.ranks.get_mut(&rank).expect("rank exists");
             if let Page::Committed { .. } = pool.state(page) {
                 report.unchanged += 1;
                 continue;
             }
-            let e = sp.keys.get_mut(slot);
+            let e = table.get_mut(slot);
             e.reservations -= 1;
             if e.pages.get(rank).is_some() {
                 // Another writer committed this key on this rank first.
@@ -854,20 +856,19 @@ impl Core {
                 e.since_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
             }
             e.pages.insert(rank, page);
-            if sp.leases.until(slot) > 0 {
+            if leases.until(slot) > 0 {
                 pool.add_leased(1);
             }
             pool.mark(page, PageState::committed(slot));
-            sp.keys.touch(slot);
+            table.touch(slot);
             report.committed += 1;
         }
         for &page in releases {
-            let pool = sp.ranks.get_mut(&rank).expect("rank exists");
             match pool.state(page) {
                 Page::Reserved { slot, .. } => {
                     pool.free(page);
-                    sp.keys.get_mut(slot).reservations -= 1;
-                    sp.keys.release_if_unused(slot);
+                    table.get_mut(slot).reservations -= 1;
+                    table.release_if_unused(slot);
                     report.released += 1;
                 }
                 Page::Free | Page::Quarantined { .. } => {
@@ -876,7 +877,7 @@ impl Core {
                 Page::Committed { .. } => report.ignored_releases.push((page, IgnoredRelease::Committed)),
             }
         }
-        let c = &mut sp.counters;
+        let c = counters;
         c.committed += u64::from(report.committed);
         c.superseded += u64::from(report.superseded);
         c.refused_confirms += report.refused.len() as u64;
