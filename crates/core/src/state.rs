@@ -341,9 +341,9 @@ impl SpaceState {
         self.held.shrink();
     }
 
-    /// Whether `d` still names a reserved page (the reservation it was queued for).
-    fn reservation_is_live(&self, d: &PageDeadline) -> bool {
-        let Some(pool) = self.ranks.get(&d.rank) else { return false };
+    /// Whether `d`, a deadline of `pool`'s rank, still names a reserved page (the reservation
+    /// it was queued for).
+    fn reservation_is_live(pool: &Pool, d: &PageDeadline) -> bool {
         d.page < pool.num_pages()
             && matches!(pool.state(d.page), Page::Reserved { generation, .. } if generation == (d.generation & GEN_MASK) as u32)
     }
@@ -357,9 +357,17 @@ impl SpaceState {
         if self.reservations.0.len() <= 2 * live + STALE_DEADLINES {
             return;
         }
-        let mut queue = core::mem::take(&mut self.reservations.0);
-        queue.retain(|d| self.reservation_is_live(d));
-        self.reservations.0 = queue;
+        // Runs of deadlines share a rank: its pool is looked up once a run, not once a
+        // deadline (a map search per deadline was most of this through the plugin).
+        let mut pool: Option<(u32, Option<&Pool>)> = None;
+        let ranks = &self.ranks;
+        self.reservations.0.retain(|d| {
+            let p = match pool {
+                Some((rank, p)) if rank == d.rank => p,
+                _ => pool.insert((d.rank, ranks.get(&d.rank))).1,
+            };
+            p.is_some_and(|p| SpaceState::reservation_is_live(p, d))
+        });
         self.reservations.shrink();
     }
 
