@@ -204,14 +204,17 @@ pub struct Core {
 /// restarted job) then does not pay a second time for growing its tables: up to 10^6 keys,
 /// that is ~20 doublings that copy the table and fault in fresh pages, about a third of an
 /// allocate+confirm's cost in the core over a fill. Not state: no reply, snapshot or
-/// invariant depends on it, and a clone or a restored core starts without it. Bounded by what
-/// the cleared spaces held: one key table (the largest) and one page table per cleared rank,
-/// each taken by the next space or rank created.
+/// invariant depends on it, and a clone or a restored core starts without it. Bounded: one key
+/// table (the largest cleared) and at most [`SPARE_TABLES`] page tables (the largest), each
+/// taken by the next space or rank initialized.
 #[derive(Default)]
 struct Spare {
     keys: Option<KeyTable>,
     tables: Vec<Vec<PageState>>,
 }
+
+/// Most page tables a [`Spare`] keeps (more than vLLM's usual tensor-parallel world).
+const SPARE_TABLES: usize = 16;
 
 impl Clone for Spare {
     fn clone(&self) -> Spare {
@@ -232,6 +235,12 @@ impl Spare {
     /// Keeps the memory of `sp`, a space just removed.
     fn keep(&mut self, sp: SpaceState) {
         self.tables.extend(sp.ranks.into_values().map(Pool::into_table));
+        // Clears without initializes between them (SGLang's import makes its own pools) must
+        // not pile tables up: the largest few are the ones worth keeping; `pool` takes the
+        // last, the largest.
+        self.tables.sort_by_key(Vec::capacity);
+        let surplus = self.tables.len().saturating_sub(SPARE_TABLES);
+        self.tables.drain(..surplus);
         let mut keys = sp.keys;
         if self.keys.as_ref().is_none_or(|k| k.capacity() < keys.capacity()) {
             keys.clear();
@@ -807,8 +816,7 @@ impl Core {
             return Err(Error::PageOutOfRange { rank, page, num_pages, place });
         }
 
-        let SpaceState { ranks, keys: table, leases, counters, .. } =
-            self.space_mut(space, now).expect("space exists");
+        let SpaceState { ranks, keys: table, leases, counters, .. } = self.space_mut(space, now).expect("space exists");
         // Looked up once: a map lookup per pair costs more than the pair's own work in wasm.
         let pool = ranks.get_mut(&rank).expect("rank exists");
         // The page names its key's slot: one look at that entry, no hash lookup (the table
@@ -1321,8 +1329,9 @@ mod tests {
             rng ^= rng >> 7;
             rng ^= rng << 17;
             let rank = (rng >> 40) as u32 % 2;
-            let keys: Vec<Key> =
-                (0..1 + rng % 24).map(|j| Key::parse(&alloc::format!("{:032x}", (rng >> 8) % 300 + j)).unwrap()).collect();
+            let keys: Vec<Key> = (0..1 + rng % 24)
+                .map(|j| Key::parse(&alloc::format!("{:032x}", (rng >> 8) % 300 + j)).unwrap())
+                .collect();
             let now = i * 7;
             let reply = match rng % 5 {
                 0 | 1 => match core.apply(now, &Command::Allocate { space: v.clone(), rank, keys: keys.clone() }) {
@@ -1385,7 +1394,7 @@ mod tests {
     }
 
     #[test]
-    fn clearing_keeps_the_largest_key_table_and_every_page_table() {
+    fn clearing_keeps_the_largest_key_table_and_the_largest_page_tables() {
         let mut core = Core::new(9, Settings::default());
         let spaces = [Space::Vllm, Space::Sglang { rank: 0, namespace: "a".into() }];
         for (n, space) in [600u32, 60].into_iter().zip(&spaces) {
@@ -1402,6 +1411,19 @@ mod tests {
         assert_eq!(core.spare.tables.len(), 2);
         // A clone (and so a restored core) starts without spare memory; the state is the same.
         assert!(core.clone().spare.keys.is_none());
+        // A clear of more ranks than SPARE_TABLES keeps that many page tables, the largest
+        // (a new rank takes the largest).
+        let v = Space::Vllm;
+        for rank in 0..20u32 {
+            core.apply(2, &Command::Initialize { space: v.clone(), rank, num_pages: 64 }).unwrap();
+            let keys: Vec<Key> = (0..rank + 1).map(|i| Key::parse(&alloc::format!("{i:032x}")).unwrap()).collect();
+            core.apply(2, &Command::Allocate { space: v.clone(), rank, keys }).unwrap();
+        }
+        core.apply(3, &Command::Clear { space: v }).unwrap();
+        assert_eq!(core.spare.tables.len(), SPARE_TABLES);
+        let caps: Vec<usize> = core.spare.tables.iter().map(Vec::capacity).collect();
+        assert!(caps.is_sorted(), "{caps:?}");
+        assert!(caps[SPARE_TABLES - 1] >= 600, "the 600-page rank's table is kept: {caps:?}");
     }
 
     #[cfg(feature = "serde")] // compares snapshots
