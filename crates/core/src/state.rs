@@ -593,15 +593,17 @@ impl Core {
             }
             Command::Reset { space } => {
                 self.space_mut(space, now);
-                let Some(mut old) = self.spaces.remove(space) else {
+                let Some(old) = self.spaces.remove(space) else {
                     return Err(missing_space(space));
                 };
+                // A clear that keeps the ranks: the new space and pools reuse the old memory.
                 let keys = old.keys.len() as u64;
-                let mut sp = SpaceState::new(space, self.seed);
-                old.keys.clear();
-                sp.keys = old.keys;
-                for (rank, pool) in old.ranks {
-                    sp.ranks.insert(rank, Pool::reusing(pool.num_pages(), old.order, pool.into_table()));
+                let (order, ranks): (PoolOrder, Vec<(u32, u32)>) =
+                    (old.order, old.ranks.iter().map(|(&rank, p)| (rank, p.num_pages())).collect());
+                self.spare.keep(old);
+                let mut sp = self.spare.space(space, self.seed);
+                for (rank, num_pages) in ranks {
+                    sp.ranks.insert(rank, self.spare.pool(num_pages, order));
                 }
                 self.spaces.insert(space.clone(), sp);
                 Ok(Reply::Cleared { ranks: 0, keys })
