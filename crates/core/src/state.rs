@@ -735,8 +735,11 @@ impl Core {
         // the pool covers the batch.
         let rotate = !per_key && free >= distinct.len();
         let serve_fresh = rotate || (settings.eviction == Eviction::Lru && free >= fresh as usize);
+        // Fresh keys that got a page.
+        let mut served = 0u64;
         // The `j`-th distinct key takes `page`.
         let mut reserve = |table: &mut KeyTable, pool: &mut Pool, j: usize, page: u32| {
+            served += 1;
             let (index, hash) = distinct[j];
             // Distinct keys: one absent before its own insert stays absent until then.
             let slot = found[j].unwrap_or_else(|| table.insert_absent(&keys[index as usize], hash));
@@ -754,11 +757,12 @@ impl Core {
         table.prefetch_vacant(fresh as usize);
         let mut out = Vec::with_capacity(distinct.len());
         if rotate {
-            let taken: Vec<u32> = (0..distinct.len())
-                .map(|_| pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages"))
-                .collect();
-            for (j, (hit, page)) in hits.iter().zip(taken).enumerate() {
+            // One page taken per key, a hit's given back at once: the same pages as taking them
+            // all first, since FIFO takes come from the `free` pages there were (`free` ≥ keys)
+            // and a page given back goes behind all of them.
+            for (j, hit) in hits.iter().enumerate() {
                 let index = distinct[j].0;
+                let page = pool.take(PageState::reserved(u32::MAX, 0)).expect("enough free pages");
                 if let Some((_, existing)) = *hit {
                     pool.free(page);
                     out.push(Allocation { index, page: Some(existing), cached: true });
@@ -782,13 +786,9 @@ impl Core {
                 out.push(Allocation { index, page, cached: hit.is_some() });
             }
         }
-        for a in &out {
-            match (a.cached, a.page) {
-                (true, _) => counters.cache_hits += 1,
-                (false, Some(_)) => counters.reserved += 1,
-                (false, None) => counters.misses += 1,
-            }
-        }
+        counters.cache_hits += (hits.len() - fresh as usize) as u64;
+        counters.reserved += served;
+        counters.misses += u64::from(fresh) - served;
         sp.compact_reservations();
         Ok(Reply::Allocated(out))
     }
@@ -849,38 +849,7 @@ impl Core {
         }
 
         let mut report = ConfirmReport::default();
-        for (i, (key, page)) in confirmations.iter().enumerate() {
-            let page = *page;
-            let slot = match verdict(pool, table, key, page) {
-                Ok(slot) => slot,
-                Err(reason) => {
-                    report.refused.push(Refused { index: i as u32, page, reason });
-                    continue;
-                }
-            };
-            if let Page::Committed { .. } = pool.state(page) {
-                report.unchanged += 1;
-                continue;
-            }
-            let e = table.get_mut(slot);
-            e.reservations -= 1;
-            if e.pages.get(rank).is_some() {
-                // Another writer committed this key on this rank first.
-                pool.free(page);
-                report.superseded += 1;
-                continue;
-            }
-            if e.pages.len() == 0 {
-                e.since_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
-            }
-            e.pages.insert(rank, page);
-            if leases.until(slot) > 0 {
-                pool.add_leased(1);
-            }
-            pool.mark(page, PageState::committed(slot));
-            table.touch(slot);
-            report.committed += 1;
-        }
+        confirm_pairs(pool, table, leases, rank, now, confirmations, &mut report, &verdict);
         for &page in releases {
             match pool.state(page) {
                 Page::Reserved { slot, .. } => {
@@ -1243,6 +1212,54 @@ fn missing_space(space: &Space) -> Error {
     match space {
         Space::Vllm => Error::RankNotInitialized { rank: 0 },
         Space::Sglang { rank, .. } => Error::RankNotInitialized { rank: *rank },
+    }
+}
+
+/// Applies confirm's pairs (the verdict decides each). Its own function in the guest: inlined
+/// into `Core::apply` there, its loop shared registers with the whole handler and spilled.
+#[cfg_attr(target_arch = "wasm32", inline(never))]
+#[allow(clippy::too_many_arguments)]
+fn confirm_pairs(
+    pool: &mut Pool,
+    table: &mut KeyTable,
+    leases: &Leases,
+    rank: u32,
+    now: Millis,
+    confirmations: &[(Key, u32)],
+    report: &mut ConfirmReport,
+    verdict: &impl Fn(&Pool, &KeyTable, &Key, u32) -> Result<u32, Refusal>,
+) {
+    for (i, (key, page)) in confirmations.iter().enumerate() {
+        let page = *page;
+        let slot = match verdict(pool, table, key, page) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                report.refused.push(Refused { index: i as u32, page, reason });
+                continue;
+            }
+        };
+        if let Page::Committed { .. } = pool.state(page) {
+            report.unchanged += 1;
+            continue;
+        }
+        let e = table.get_mut(slot);
+        e.reservations -= 1;
+        if e.pages.get(rank).is_some() {
+            // Another writer committed this key on this rank first.
+            pool.free(page);
+            report.superseded += 1;
+            continue;
+        }
+        if e.pages.len() == 0 {
+            e.since_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
+        }
+        e.pages.insert(rank, page);
+        if leases.until(slot) > 0 {
+            pool.add_leased(1);
+        }
+        pool.mark(page, PageState::committed(slot));
+        table.touch(slot);
+        report.committed += 1;
     }
 }
 
