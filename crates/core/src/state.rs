@@ -821,18 +821,6 @@ impl Core {
         let SpaceState { ranks, keys: table, leases, counters, .. } = self.space_mut(space, now).expect("space exists");
         // Looked up once: a map lookup per pair costs more than the pair's own work in wasm.
         let pool = ranks.get_mut(&rank).expect("rank exists");
-        // The page names its key's slot: one look at that entry, no hash lookup (the table
-        // holds each key in one slot, so "slot s holds key" is "key's slot is s").
-        let verdict = |pool: &Pool, table: &KeyTable, key: &Key, page: u32| -> Result<u32, Refusal> {
-            let holds = |s: u32| table.get_live(s).is_some_and(|e| e.key == *key);
-            match pool.state(page) {
-                Page::Free | Page::Quarantined { .. } => Err(Refusal::NotReserved),
-                Page::Reserved { slot: s, .. } if holds(s) => Ok(s),
-                Page::Reserved { .. } => Err(Refusal::ReservedForAnotherKey),
-                Page::Committed { slot: s } if holds(s) => Ok(s),
-                Page::Committed { .. } => Err(Refusal::CommittedToAnotherKey),
-            }
-        };
         // Refused pairs change nothing, so the first pair acceptable now is accepted when its
         // turn comes: "every pair refused" can be decided before anything is applied.
         if !confirmations.is_empty() && confirmations.iter().all(|(k, p)| verdict(pool, table, k, *p).is_err()) {
@@ -849,7 +837,7 @@ impl Core {
         }
 
         let mut report = ConfirmReport::default();
-        confirm_pairs(pool, table, leases, rank, now, confirmations, &mut report, &verdict);
+        confirm_pairs(pool, table, leases, rank, now, confirmations, &mut report);
         for &page in releases {
             match pool.state(page) {
                 Page::Reserved { slot, .. } => {
@@ -1215,10 +1203,23 @@ fn missing_space(space: &Space) -> Error {
     }
 }
 
+/// Whether confirming `key` on `page` is accepted (the key's slot) or refused (why). The page
+/// names its key's slot: one look at that entry, no hash lookup (the table holds each key in
+/// one slot, so "slot s holds key" is "key's slot is s").
+fn verdict(pool: &Pool, table: &KeyTable, key: &Key, page: u32) -> Result<u32, Refusal> {
+    let holds = |s: u32| table.get_live(s).is_some_and(|e| e.key == *key);
+    match pool.state(page) {
+        Page::Free | Page::Quarantined { .. } => Err(Refusal::NotReserved),
+        Page::Reserved { slot: s, .. } if holds(s) => Ok(s),
+        Page::Reserved { .. } => Err(Refusal::ReservedForAnotherKey),
+        Page::Committed { slot: s } if holds(s) => Ok(s),
+        Page::Committed { .. } => Err(Refusal::CommittedToAnotherKey),
+    }
+}
+
 /// Applies confirm's pairs (the verdict decides each). Its own function in the guest: inlined
 /// into `Core::apply` there, its loop shared registers with the whole handler and spilled.
 #[cfg_attr(target_arch = "wasm32", inline(never))]
-#[allow(clippy::too_many_arguments)]
 fn confirm_pairs(
     pool: &mut Pool,
     table: &mut KeyTable,
@@ -1227,7 +1228,6 @@ fn confirm_pairs(
     now: Millis,
     confirmations: &[(Key, u32)],
     report: &mut ConfirmReport,
-    verdict: &impl Fn(&Pool, &KeyTable, &Key, u32) -> Result<u32, Refusal>,
 ) {
     for (i, (key, page)) in confirmations.iter().enumerate() {
         let page = *page;
