@@ -38,30 +38,36 @@ pub fn pack_core_key(out: &mut Vec<u8>, key: &Key) {
 /// Decodes a packed batch, refusing (never trapping on) anything malformed; `keys[i]` names
 /// the culprit the way the host's JSON errors do.
 pub(crate) fn unpack_keys(bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
-    match unpack_raw(bytes) {
-        Some(keys) => Ok(keys),
-        None => unpack_any(bytes),
+    unpack_with(bytes, |_, key| key)
+}
+
+/// [`unpack_keys`], each key `i` handed to `item` as it is decoded: `confirm` pairs keys with
+/// their pages without a vector of keys in between.
+pub(crate) fn unpack_with<T>(bytes: &[u8], mut item: impl FnMut(usize, Key) -> T) -> Result<Vec<T>, wit::Error> {
+    match unpack_raw(bytes, &mut item) {
+        Some(items) => Ok(items),
+        None => unpack_any(bytes, item),
     }
 }
 
 /// The common batch, every key in the raw form (vLLM's and SGLang's 32-hex keys): its 18-byte
 /// records are checked in one tight pass and copied in another, with no per-key length or
 /// bounds checks; `None` for any other batch.
-fn unpack_raw(bytes: &[u8]) -> Option<Vec<Key>> {
+fn unpack_raw<T>(bytes: &[u8], item: &mut impl FnMut(usize, Key) -> T) -> Option<Vec<T>> {
     let (keys, []) = bytes.as_chunks::<18>() else { return None };
     if !keys.iter().all(|[lo, hi, ..]| u16::from_le_bytes([*lo, *hi]) == RAW_HEX) {
         return None;
     }
-    Some(keys.iter().map(|[_, _, raw @ ..]| Key::Hex(*raw)).collect())
+    Some(keys.iter().enumerate().map(|(i, [_, _, raw @ ..])| item(i, Key::Hex(*raw))).collect())
 }
 
 /// Any batch: raw and text keys mixed, or malformed (refused with the culprit's index).
-fn unpack_any(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
+fn unpack_any<T>(mut bytes: &[u8], mut item: impl FnMut(usize, Key) -> T) -> Result<Vec<T>, wit::Error> {
     let bad = |i: usize, why: &str| wit::Error::InvalidInput(alloc::format!("keys[{i}]: {why}"));
     // Sized for raw hex keys (18 bytes each, the common form); text keys grow it as needed.
-    let mut keys = Vec::with_capacity(bytes.len() / 18 + 1);
+    let mut items = Vec::with_capacity(bytes.len() / 18 + 1);
     while !bytes.is_empty() {
-        let i = keys.len();
+        let i = items.len();
         let [lo, hi, rest @ ..] = bytes else { return Err(bad(i, "the length prefix is cut off")) };
         let prefix = u16::from_le_bytes([*lo, *hi]);
         if prefix & 0x8000 != 0 {
@@ -71,7 +77,7 @@ fn unpack_any(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
             let Some((raw, tail)) = rest.split_first_chunk::<16>() else {
                 return Err(bad(i, &alloc::format!("16 raw bytes announced, {} left", rest.len())));
             };
-            keys.push(Key::Hex(*raw));
+            items.push(item(i, Key::Hex(*raw)));
             bytes = tail;
             continue;
         }
@@ -80,10 +86,10 @@ fn unpack_any(mut bytes: &[u8]) -> Result<Vec<Key>, wit::Error> {
             return Err(bad(i, &alloc::format!("{len} bytes announced, {} left", rest.len())));
         }
         let text = core::str::from_utf8(&rest[..len]).map_err(|_| bad(i, "the key is not UTF-8"))?;
-        keys.push(key(text, i)?);
+        items.push(item(i, key(text, i)?));
         bytes = &rest[len..];
     }
-    Ok(keys)
+    Ok(items)
 }
 
 /// One key, checked as the core's parser checks it.

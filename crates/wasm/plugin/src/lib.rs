@@ -21,6 +21,7 @@ extern crate alloc;
 #[cfg(not(target_arch = "wasm32"))]
 extern crate std;
 
+pub mod cache;
 #[cfg(feature = "chaos")]
 mod chaos;
 pub mod convert;
@@ -45,7 +46,7 @@ mod bindings {
 
 #[cfg(target_arch = "wasm32")]
 #[global_allocator]
-static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+static ALLOC: cache::Cached<dlmalloc::GlobalDlmalloc> = cache::Cached::new(dlmalloc::GlobalDlmalloc);
 
 #[cfg(target_arch = "wasm32")]
 #[panic_handler]
@@ -124,15 +125,15 @@ impl wit::Guest for Plugin {
         pages: Vec<u32>,
         releases: Vec<u32>,
     ) -> Result<wit::ConfirmReport, wit::Error> {
-        let keys = convert::unpack_keys(&keys)?;
-        if keys.len() != pages.len() {
+        // Each key with its page as it is decoded; a missing page is refused just below.
+        let confirmations = convert::unpack_with(&keys, |i, key| (key, pages.get(i).copied().unwrap_or(u32::MAX)))?;
+        if confirmations.len() != pages.len() {
             return Err(wit::Error::InvalidInput(alloc::format!(
                 "{} keys but {} pages: confirmations need one page per key",
-                keys.len(),
+                confirmations.len(),
                 pages.len()
             )));
         }
-        let confirmations = keys.into_iter().zip(pages).collect();
         let reply = apply(now, &Command::Confirm { space: convert::space(space), rank, confirmations, releases })?;
         expect!(reply, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
     }
