@@ -108,13 +108,17 @@ impl wit::Guest for Plugin {
     }
 
     fn allocate(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<u32>, wit::Error> {
-        let keys = convert::unpack_keys(&keys)?;
+        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
         #[cfg(feature = "chaos")]
         let after = chaos::before(&keys);
-        let reply = apply(now, &Command::Allocate { space: convert::space(space), rank, keys })?;
+        let cmd = Command::Allocate { space: convert::space(space), rank, keys };
+        let reply = apply(now, &cmd);
+        if let Command::Allocate { keys, .. } = cmd {
+            convert::discard(keys, raw);
+        }
         #[cfg(feature = "chaos")]
         chaos::after(after);
-        expect!(reply, Reply::Allocated(a) => Ok(convert::allocations(&a)))
+        expect!(reply?, Reply::Allocated(a) => Ok(convert::allocations(&a)))
     }
 
     fn confirm(
@@ -126,7 +130,8 @@ impl wit::Guest for Plugin {
         releases: Vec<u32>,
     ) -> Result<wit::ConfirmReport, wit::Error> {
         // Each key with its page as it is decoded; a missing page is refused just below.
-        let confirmations = convert::unpack_with(&keys, |i, key| (key, pages.get(i).copied().unwrap_or(u32::MAX)))?;
+        let (confirmations, raw) =
+            convert::unpack_batch(&keys, |i, key| (key, pages.get(i).copied().unwrap_or(u32::MAX)))?;
         if confirmations.len() != pages.len() {
             return Err(wit::Error::InvalidInput(alloc::format!(
                 "{} keys but {} pages: confirmations need one page per key",
@@ -134,20 +139,32 @@ impl wit::Guest for Plugin {
                 pages.len()
             )));
         }
-        let reply = apply(now, &Command::Confirm { space: convert::space(space), rank, confirmations, releases })?;
-        expect!(reply, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
+        let cmd = Command::Confirm { space: convert::space(space), rank, confirmations, releases };
+        let reply = apply(now, &cmd);
+        if let Command::Confirm { confirmations, .. } = cmd {
+            convert::discard(confirmations, raw);
+        }
+        expect!(reply?, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
     }
 
     fn exists(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<Vec<bool>, wit::Error> {
-        let keys = convert::unpack_keys(&keys)?;
-        let reply = apply(now, &Command::Exists { space: convert::space(space), keys })?;
-        expect!(reply, Reply::Exists(e) => Ok(e))
+        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let cmd = Command::Exists { space: convert::space(space), keys };
+        let reply = apply(now, &cmd);
+        if let Command::Exists { keys, .. } = cmd {
+            convert::discard(keys, raw);
+        }
+        expect!(reply?, Reply::Exists(e) => Ok(e))
     }
 
     fn locations(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<Option<u32>>, wit::Error> {
-        let keys = convert::unpack_keys(&keys)?;
-        let reply = apply(now, &Command::Locations { space: convert::space(space), rank, keys })?;
-        expect!(reply, Reply::Locations(l) => Ok(l))
+        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let cmd = Command::Locations { space: convert::space(space), rank, keys };
+        let reply = apply(now, &cmd);
+        if let Command::Locations { keys, .. } = cmd {
+            convert::discard(keys, raw);
+        }
+        expect!(reply?, Reply::Locations(l) => Ok(l))
     }
 
     fn delete(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<u32, wit::Error> {
