@@ -45,13 +45,22 @@ pub(super) fn keys_in(cmd: &Command) -> usize {
 }
 
 /// The `packed-keys` prefix of a 32-hex key sent as its 16 raw bytes (`wit/kvpages.wit`).
-const RAW_HEX: u16 = 0x8000 | 16;
+pub(super) const RAW_HEX: u16 = 0x8000 | 16;
 
 /// Keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its
 /// 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
-fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+pub(super) fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+    let mut out = Vec::new();
+    pack_into(&mut out, keys);
+    out
+}
+
+/// [`packed`] into `out` (cleared first): the engine packs every call's keys into one buffer
+/// it keeps, and the journal copies them from there.
+pub(super) fn pack_into<'a>(out: &mut Vec<u8>, keys: impl ExactSizeIterator<Item = &'a Key>) {
+    out.clear();
     // 18 bytes a key in the common case; text keys grow it as needed.
-    let mut out = Vec::with_capacity(keys.len() * 18);
+    out.reserve(keys.len() * 18);
     for key in keys {
         match key {
             Key::Hex(bytes) => {
@@ -65,7 +74,6 @@ fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// `packed-allocations`' flag of a cache hit, on word 0 (`wit/kvpages.wit`).
@@ -281,9 +289,23 @@ fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
     })
 }
 
-/// Applies `cmd` through one call into `inst`. The outer `Err` is a trap; the inner result is
-/// what the native engine would answer.
-pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Result<Reply, EngineError>, Trap> {
+/// Applies `cmd` through one call into `inst`, its keys packed into `keys` (left there for the
+/// journal). The outer `Err` is a trap; the inner result is what the native engine would answer.
+pub(super) fn call(
+    inst: &mut Instance,
+    now: Millis,
+    cmd: &Command,
+    keys: &mut Vec<u8>,
+) -> Result<Result<Reply, EngineError>, Trap> {
+    match cmd {
+        Command::Allocate { keys: ks, .. }
+        | Command::Exists { keys: ks, .. }
+        | Command::Locations { keys: ks, .. }
+        | Command::Delete { keys: ks, .. } => pack_into(keys, ks.iter()),
+        Command::Confirm { confirmations, .. } => pack_into(keys, confirmations.iter().map(|(k, _)| k)),
+        _ => keys.clear(),
+    }
+    let keys = &*keys;
     let budget = match cmd {
         Command::Configure(_)
         | Command::Initialize { .. }
@@ -319,14 +341,13 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                     },
                 })
                 .map_err(error),
-            Command::Allocate { space: sp, rank, keys } => e
-                .call_allocate(s, now, &space(sp), *rank, &packed(keys.iter()))?
+            Command::Allocate { space: sp, rank, .. } => e
+                .call_allocate(s, now, &space(sp), *rank, keys)?
                 .map_err(error)
                 .and_then(|words| allocations(&words).map(Reply::Allocated)),
             Command::Confirm { space: sp, rank, confirmations, releases } => {
-                let keys = packed(confirmations.iter().map(|(k, _)| k));
                 let pages: Vec<u32> = confirmations.iter().map(|(_, p)| *p).collect();
-                e.call_confirm(s, now, &space(sp), *rank, &keys, &pages, releases)?
+                e.call_confirm(s, now, &space(sp), *rank, keys, &pages, releases)?
                     .map(|r| {
                         Reply::Confirmed(kv::ConfirmReport {
                             committed: r.committed,
@@ -349,14 +370,14 @@ pub(super) fn call(inst: &mut Instance, now: Millis, cmd: &Command) -> Result<Re
                     })
                     .map_err(error)
             }
-            Command::Exists { space: sp, keys } => {
-                e.call_exists(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Exists).map_err(error)
+            Command::Exists { space: sp, .. } => {
+                e.call_exists(s, now, &space(sp), keys)?.map(Reply::Exists).map_err(error)
             }
-            Command::Locations { space: sp, rank, keys } => {
-                e.call_locations(s, now, &space(sp), *rank, &packed(keys.iter()))?.map(Reply::Locations).map_err(error)
+            Command::Locations { space: sp, rank, .. } => {
+                e.call_locations(s, now, &space(sp), *rank, keys)?.map(Reply::Locations).map_err(error)
             }
-            Command::Delete { space: sp, keys } => {
-                e.call_delete(s, now, &space(sp), &packed(keys.iter()))?.map(Reply::Deleted).map_err(error)
+            Command::Delete { space: sp, .. } => {
+                e.call_delete(s, now, &space(sp), keys)?.map(Reply::Deleted).map_err(error)
             }
             Command::Inspect { space: sp, key: k } => match e.call_inspect(s, now, &space(sp), &k.to_string())? {
                 Ok(None) => Ok(Reply::Key(None)),

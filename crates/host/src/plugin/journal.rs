@@ -9,8 +9,9 @@
 //! An entry is a tag byte, then:
 //! - [`FAST_ALLOCATE`], [`FAST_CONFIRM`], [`FAST_LOCATIONS`]: the clients' hot commands on the
 //!   vLLM space with 32-hex keys only, as fixed-width little-endian fields (`now` u64, `rank`
-//!   u32, a u32 count, then per key its 16 bytes, and for a confirm its page u32, then the
-//!   releases as a u32 count and u32s). Recording one is a few copies per key.
+//!   u32, a u32 count, then the keys exactly as the plugin call took them (`packed-keys`:
+//!   `0x8010` and 16 bytes a key, copied in one piece from the call's buffer), and for a
+//!   confirm the pages as u32s, then the releases as a u32 count and u32s).
 //! - [`GENERAL`]: any other command, `(now, command)` in postcard (the durable log's encoding;
 //!   a key serializes as its text there, which costs ~300 instructions a 32-hex key — too slow
 //!   for the hot path: it added ~21k instructions to a 32-key save).
@@ -19,6 +20,8 @@
 //! recovery; its capacity is kept across snapshots.
 
 use kvpages_core::{Command, Key, Millis, Space};
+
+use super::convert::RAW_HEX;
 
 const GENERAL: u8 = 0;
 const FAST_ALLOCATE: u8 = 1;
@@ -36,14 +39,6 @@ fn all_hex<'a>(mut keys: impl Iterator<Item = &'a Key>) -> bool {
     keys.all(|k| matches!(k, Key::Hex(_)))
 }
 
-/// A 32-hex key's 16 bytes (checked by [`all_hex`] before).
-fn hex_bytes(k: &Key) -> &[u8; 16] {
-    match k {
-        Key::Hex(bytes) => bytes,
-        Key::Text(_) => unreachable!("checked by all_hex"),
-    }
-}
-
 impl Journal {
     /// Commands recorded.
     #[cfg(test)]
@@ -56,8 +51,9 @@ impl Journal {
         self.buf.clear();
     }
 
-    /// Records `cmd`, applied at `now`.
-    pub(super) fn push(&mut self, now: Millis, cmd: &Command) {
+    /// Records `cmd`, applied at `now`; `packed` is its keys as the plugin call took them
+    /// (`packed-keys`, see `convert::packed`; any bytes for a command without keys).
+    pub(super) fn push(&mut self, now: Millis, cmd: &Command, packed: &[u8]) {
         let b = &mut self.buf;
         let head = |b: &mut Vec<u8>, tag: u8, rank: u32, n: usize| {
             b.push(tag);
@@ -65,25 +61,25 @@ impl Journal {
             b.extend_from_slice(&rank.to_le_bytes());
             b.extend_from_slice(&(n as u32).to_le_bytes());
         };
+        // All 32-hex keys: `packed` is 18 bytes each, the fast forms' key records.
         match cmd {
             Command::Allocate { space: Space::Vllm, rank, keys }
             | Command::Locations { space: Space::Vllm, rank, keys }
                 if all_hex(keys.iter()) =>
             {
+                debug_assert_eq!(packed.len(), keys.len() * 18);
                 let tag = if matches!(cmd, Command::Allocate { .. }) { FAST_ALLOCATE } else { FAST_LOCATIONS };
                 head(b, tag, *rank, keys.len());
-                b.reserve(keys.len() * 16);
-                for k in keys {
-                    b.extend_from_slice(hex_bytes(k));
-                }
+                b.extend_from_slice(packed);
             }
             Command::Confirm { space: Space::Vllm, rank, confirmations, releases }
                 if all_hex(confirmations.iter().map(|(k, _)| k)) =>
             {
+                debug_assert_eq!(packed.len(), confirmations.len() * 18);
+                b.reserve(17 + confirmations.len() * 22 + 4 + releases.len() * 4);
                 head(b, FAST_CONFIRM, *rank, confirmations.len());
-                b.reserve(confirmations.len() * 20 + 4 + releases.len() * 4);
-                for (k, page) in confirmations {
-                    b.extend_from_slice(hex_bytes(k));
+                b.extend_from_slice(packed);
+                for (_, page) in confirmations {
                     b.extend_from_slice(&page.to_le_bytes());
                 }
                 b.extend_from_slice(&(releases.len() as u32).to_le_bytes());
@@ -129,8 +125,13 @@ fn u32_le(rest: &mut &[u8]) -> Result<u32, String> {
     Ok(u32::from_le_bytes(take(rest, 4)?.try_into().expect("4 bytes")))
 }
 
+/// A key of the fast forms: `0x8010` and 16 bytes.
 fn key(rest: &mut &[u8]) -> Result<Key, String> {
-    Ok(Key::Hex(take(rest, 16)?.try_into().expect("16 bytes")))
+    let record = take(rest, 18)?;
+    if record[..2] != RAW_HEX.to_le_bytes() {
+        return Err(format!("a key's prefix is {:02x?}, not the raw form's", &record[..2]));
+    }
+    Ok(Key::Hex(record[2..].try_into().expect("16 bytes")))
 }
 
 /// One entry off the front of `rest`.
@@ -154,7 +155,8 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
             }
         }
         FAST_CONFIRM => {
-            let confirmations = (0..n).map(|_| Ok((key(rest)?, u32_le(rest)?))).collect::<Result<Vec<_>, String>>()?;
+            let keys = (0..n).map(|_| key(rest)).collect::<Result<Vec<_>, _>>()?;
+            let confirmations = keys.into_iter().map(|k| Ok((k, u32_le(rest)?))).collect::<Result<Vec<_>, String>>()?;
             let m = u32_le(rest)? as usize;
             let releases = (0..m).map(|_| u32_le(rest)).collect::<Result<Vec<_>, _>>()?;
             Command::Confirm { space: Space::Vllm, rank, confirmations, releases }
@@ -167,6 +169,17 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::convert::packed;
+
+    /// Records `cmd` the way the engine does: with its keys as the call took them.
+    fn push(j: &mut Journal, now: Millis, cmd: &Command) {
+        let keys: Vec<Key> = match cmd {
+            Command::Allocate { keys, .. } | Command::Locations { keys, .. } => keys.clone(),
+            Command::Confirm { confirmations, .. } => confirmations.iter().map(|(k, _)| k.clone()).collect(),
+            _ => vec![],
+        };
+        j.push(now, cmd, &packed(keys.iter()));
+    }
 
     fn hex(i: u64) -> Key {
         Key::parse(&format!("{i:032x}")).unwrap()
@@ -214,15 +227,15 @@ mod tests {
         ];
         let mut j = Journal::default();
         for (now, cmd) in &cmds {
-            j.push(*now, cmd);
+            push(&mut j, *now, cmd);
         }
         assert_eq!(j.len(), cmds.len());
         let back: Vec<(Millis, Command)> = j.entries().collect::<Result<_, _>>().unwrap();
         assert_eq!(back, cmds);
-        // The fast forms are what the clients' commands take: 16 bytes a key.
+        // The fast forms are what the clients' commands take: the call's 18 bytes a key.
         let mut fast = Journal::default();
-        fast.push(1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: (0..32).map(hex).collect() });
-        assert_eq!(fast.buf.len(), 1 + 8 + 4 + 4 + 32 * 16);
+        push(&mut fast, 1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: (0..32).map(hex).collect() });
+        assert_eq!(fast.buf.len(), 1 + 8 + 4 + 4 + 32 * 18);
         j.clear();
         assert_eq!((j.len(), j.entries().count()), (0, 0));
     }
@@ -231,11 +244,17 @@ mod tests {
     #[test]
     fn a_truncated_entry_is_an_error() {
         let mut j = Journal::default();
-        j.push(1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex(1), hex(2)] });
-        j.push(2, &Command::Clear { space: Space::Vllm });
+        push(&mut j, 1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex(1), hex(2)] });
+        push(&mut j, 2, &Command::Clear { space: Space::Vllm });
         j.buf.truncate(1 + 8 + 4 + 4 + 20);
         let got: Vec<_> = j.entries().collect();
         assert_eq!(got.len(), 1);
         assert!(got[0].as_ref().unwrap_err().contains("journal entry 0 does not decode"), "{got:?}");
+        // A fast key without the raw prefix.
+        let mut j = Journal::default();
+        push(&mut j, 1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex(1)] });
+        j.buf[17] = 0;
+        let got: Vec<_> = j.entries().collect();
+        assert!(got[0].as_ref().unwrap_err().contains("not the raw form"), "{got:?}");
     }
 }

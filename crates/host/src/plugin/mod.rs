@@ -80,13 +80,23 @@ pub struct PluginEngine {
     settings: Settings,
     recovery: Recovery,
     traps: u64,
+    /// The keys of the call in progress, packed (kept: one buffer for every call, which the
+    /// journal copies them from).
+    keys: Vec<u8>,
 }
 
 impl PluginEngine {
     /// A fresh engine in a new instance of `sandbox`'s component.
     pub fn new(sandbox: Sandbox, seed: u64, settings: Settings) -> Result<PluginEngine, String> {
-        let mut engine =
-            PluginEngine { sandbox, instance: None, seed, settings, recovery: Recovery::default(), traps: 0 };
+        let mut engine = PluginEngine {
+            sandbox,
+            instance: None,
+            seed,
+            settings,
+            recovery: Recovery::default(),
+            traps: 0,
+            keys: Vec::new(),
+        };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
         Ok(engine)
     }
@@ -100,6 +110,7 @@ impl PluginEngine {
             settings: Settings::default(),
             recovery: Recovery { snapshot: snapshot.to_vec(), ..Recovery::default() },
             traps: 0,
+            keys: Vec::new(),
         };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
         Ok(engine)
@@ -131,7 +142,7 @@ impl PluginEngine {
         for (i, entry) in r.journal.entries().enumerate() {
             let (now, cmd) = entry?;
             // Only applied commands are journaled, and the core is deterministic: each applies again.
-            convert::call(&mut inst, now, &cmd)
+            convert::call(&mut inst, now, &cmd, &mut Vec::new())
                 .map_err(|t| format!("replaying journal entry {i}: {t}"))?
                 .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", convert::name(&cmd)))?;
         }
@@ -143,7 +154,7 @@ impl PluginEngine {
         let r = &mut self.recovery;
         r.units += 1 + convert::keys_in(cmd);
         r.applied += took;
-        r.journal.push(now, cmd);
+        r.journal.push(now, cmd, &self.keys);
         let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
         if !due && r.units < MAX_JOURNAL_UNITS.max(r.retry_at) {
             return;
@@ -207,7 +218,7 @@ impl Engine for PluginEngine {
         }
         let inst = self.instance.as_mut().expect("just ensured");
         let start = std::time::Instant::now();
-        match convert::call(inst, now, cmd) {
+        match convert::call(inst, now, cmd, &mut self.keys) {
             Ok(result) => {
                 // Like the write-ahead log: a refused command changed nothing worth replaying.
                 if cmd.is_mutating() && result.is_ok() {
