@@ -15,8 +15,8 @@
 //!   block of a class fits any request of the class.
 //! - The lists hold at most [`BUDGET`] bytes in all; a free past that goes to the inner
 //!   allocator. Nothing else is kept.
-//! - No locks: the cache is for a single-threaded guest (wasm32 without threads). `Cached` is
-//!   `Sync` only so it can be a `static`; using it from two threads at once is undefined.
+//! - No locks: the cache is for a single-threaded guest. `Cached` is `Sync` (so it can be a
+//!   `static`) only on wasm32 without the threads proposal.
 //!
 //! No reply or state depends on addresses, so the cache changes nothing the host can observe
 //! but the time a call takes.
@@ -73,8 +73,10 @@ pub struct Cached<A> {
     lists: UnsafeCell<Lists>,
 }
 
-// SAFETY: see the module docs: one thread only (wasm32 without threads; the native tests use a
-// local instance per test).
+// SAFETY: see the module docs: one thread only. Only where that holds (wasm32 without the
+// threads proposal), so no safe code elsewhere can share one between threads; the native tests
+// use a local instance each.
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
 unsafe impl<A: Sync> Sync for Cached<A> {}
 
 impl<A> core::fmt::Debug for Cached<A> {
