@@ -49,7 +49,7 @@ pub(super) const RAW_HEX: u16 = 0x8000 | 16;
 
 /// Keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its
 /// 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
-pub(super) fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
+fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
     let mut out = Vec::new();
     pack_into(&mut out, keys);
     out
@@ -73,6 +73,18 @@ pub(super) fn pack_into<'a>(out: &mut Vec<u8>, keys: impl ExactSizeIterator<Item
                 out.extend_from_slice(text.as_bytes());
             }
         }
+    }
+}
+
+/// The keys `cmd` carries into its call, packed into `out` (emptied for a command without).
+pub(super) fn pack_keys_of(out: &mut Vec<u8>, cmd: &Command) {
+    match cmd {
+        Command::Allocate { keys, .. }
+        | Command::Exists { keys, .. }
+        | Command::Locations { keys, .. }
+        | Command::Delete { keys, .. } => pack_into(out, keys.iter()),
+        Command::Confirm { confirmations, .. } => pack_into(out, confirmations.iter().map(|(k, _)| k)),
+        _ => out.clear(),
     }
 }
 
@@ -297,14 +309,7 @@ pub(super) fn call(
     cmd: &Command,
     keys: &mut Vec<u8>,
 ) -> Result<Result<Reply, EngineError>, Trap> {
-    match cmd {
-        Command::Allocate { keys: ks, .. }
-        | Command::Exists { keys: ks, .. }
-        | Command::Locations { keys: ks, .. }
-        | Command::Delete { keys: ks, .. } => pack_into(keys, ks.iter()),
-        Command::Confirm { confirmations, .. } => pack_into(keys, confirmations.iter().map(|(k, _)| k)),
-        _ => keys.clear(),
-    }
+    pack_keys_of(keys, cmd);
     let keys = &*keys;
     let budget = match cmd {
         Command::Configure(_)

@@ -169,16 +169,13 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::convert::packed;
+    use crate::plugin::convert::pack_keys_of;
 
     /// Records `cmd` the way the engine does: with its keys as the call took them.
     fn push(j: &mut Journal, now: Millis, cmd: &Command) {
-        let keys: Vec<Key> = match cmd {
-            Command::Allocate { keys, .. } | Command::Locations { keys, .. } => keys.clone(),
-            Command::Confirm { confirmations, .. } => confirmations.iter().map(|(k, _)| k.clone()).collect(),
-            _ => vec![],
-        };
-        j.push(now, cmd, &packed(keys.iter()));
+        let mut keys = Vec::new();
+        pack_keys_of(&mut keys, cmd);
+        j.push(now, cmd, &keys);
     }
 
     fn hex(i: u64) -> Key {

@@ -77,6 +77,20 @@ fn apply(now: u64, cmd: &Command) -> Result<Reply, wit::Error> {
     core.apply(now, cmd).map_err(|e| convert::error(&e))
 }
 
+/// [`apply`] for a command built from a decoded batch, which is then freed by
+/// [`convert::discard`] (`raw` from [`convert::unpack_batch`]).
+fn apply_batch(now: u64, cmd: Command, raw: bool) -> Result<Reply, wit::Error> {
+    let reply = apply(now, &cmd);
+    match cmd {
+        Command::Allocate { keys, .. } | Command::Exists { keys, .. } | Command::Locations { keys, .. } => {
+            convert::discard(keys, raw)
+        }
+        Command::Confirm { confirmations, .. } => convert::discard(confirmations, raw),
+        _ => {}
+    }
+    reply
+}
+
 /// The reply a command must give, or a fault: a reply of another kind would be a bug in the
 /// core, and aborting turns it into a trap the host recovers from.
 macro_rules! expect {
@@ -111,11 +125,7 @@ impl wit::Guest for Plugin {
         let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
         #[cfg(feature = "chaos")]
         let after = chaos::before(&keys);
-        let cmd = Command::Allocate { space: convert::space(space), rank, keys };
-        let reply = apply(now, &cmd);
-        if let Command::Allocate { keys, .. } = cmd {
-            convert::discard(keys, raw);
-        }
+        let reply = apply_batch(now, Command::Allocate { space: convert::space(space), rank, keys }, raw);
         #[cfg(feature = "chaos")]
         chaos::after(after);
         expect!(reply?, Reply::Allocated(a) => Ok(convert::allocations(&a)))
@@ -140,31 +150,18 @@ impl wit::Guest for Plugin {
             )));
         }
         let cmd = Command::Confirm { space: convert::space(space), rank, confirmations, releases };
-        let reply = apply(now, &cmd);
-        if let Command::Confirm { confirmations, .. } = cmd {
-            convert::discard(confirmations, raw);
-        }
-        expect!(reply?, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
+        expect!(apply_batch(now, cmd, raw)?, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
     }
 
     fn exists(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<Vec<bool>, wit::Error> {
         let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
-        let cmd = Command::Exists { space: convert::space(space), keys };
-        let reply = apply(now, &cmd);
-        if let Command::Exists { keys, .. } = cmd {
-            convert::discard(keys, raw);
-        }
-        expect!(reply?, Reply::Exists(e) => Ok(e))
+        expect!(apply_batch(now, Command::Exists { space: convert::space(space), keys }, raw)?, Reply::Exists(e) => Ok(e))
     }
 
     fn locations(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<Option<u32>>, wit::Error> {
         let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
         let cmd = Command::Locations { space: convert::space(space), rank, keys };
-        let reply = apply(now, &cmd);
-        if let Command::Locations { keys, .. } = cmd {
-            convert::discard(keys, raw);
-        }
-        expect!(reply?, Reply::Locations(l) => Ok(l))
+        expect!(apply_batch(now, cmd, raw)?, Reply::Locations(l) => Ok(l))
     }
 
     fn delete(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<u32, wit::Error> {
