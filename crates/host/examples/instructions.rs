@@ -11,7 +11,19 @@
 //! ```
 //!
 //! The difference of two runs that differ only in the iteration count is the cost of the
-//! iterations alone (start-up, compiling the plugin and the fixture cancel out).
+//! iterations alone (start-up, compiling the plugin and the fixture cancel out) — up to
+//! ±350 instructions an iteration at 2,000: Cranelift compiles on several threads and its hash
+//! maps are randomly seeded, so start-up itself varies. To count only the engine's work, which
+//! repeats within ~150 (the plugin's recovery snapshots are scheduled by time), let callgrind
+//! collect inside `apply` alone:
+//!
+//! ```text
+//! tc() { valgrind --tool=callgrind --toggle-collect="*$1 as kvpages_host::engine::Engine>::apply" \
+//!     --smc-check=all-non-file --callgrind-out-file=/tmp/tc.out $X "${@:2}" >/dev/null 2>&1
+//!     grep ^summary /tmp/tc.out | awk '{print $2}'; }
+//! echo $(( ($(tc PluginEngine wasm allocate 2000) - $(tc PluginEngine wasm allocate 0)) / 2000 ))
+//! echo $(( ($(tc NativeEngine native allocate 2000) - $(tc NativeEngine native allocate 0)) / 2000 ))
+//! ```
 //! `--smc-check` lets valgrind follow the code Cranelift writes at run time; `cg_diff` of two
 //! `--cachegrind-out-file`s splits the difference by function (the plugin's compiled code shows
 //! as `???`). `KVPAGES_PLUGIN=PATH` runs another component instead of the embedded one.
