@@ -33,6 +33,12 @@ fn slot_of(bucket: u64) -> u32 {
     bucket as u32
 }
 
+/// A bucket's `(tag, slot)` pair; `None` for an empty bucket.
+#[inline]
+pub(crate) fn unpack(bucket: u64) -> Option<(u32, u32)> {
+    (bucket != EMPTY).then(|| (tag_of(bucket), slot_of(bucket)))
+}
+
 /// Open-addressing index of `(tag, slot)` pairs; see the module docs.
 #[derive(Clone, Default)]
 pub(crate) struct SlotIndex {
@@ -96,15 +102,22 @@ impl SlotIndex {
     }
 
     /// The pair in the bucket a probe for `tag` starts at, `None` if that bucket is empty (then
-    /// no pair with `tag` is stored: probes never pass an empty bucket). One load, for callers
-    /// that read many keys' first buckets in a row (see `KeyTable::find_batch`).
-    #[inline]
+    /// no pair with `tag` is stored: probes never pass an empty bucket). For the tests; the
+    /// batched lookup reads the raw bucket ([`SlotIndex::home_bucket`]) and [`unpack`]s it.
+    #[cfg(test)]
     pub(crate) fn first(&self, tag: u32) -> Option<(u32, u32)> {
         if self.len == 0 {
             return None;
         }
-        let b = self.buckets[self.home(tag)];
-        (b != EMPTY).then(|| (tag_of(b), slot_of(b)))
+        unpack(self.home_bucket(tag))
+    }
+
+    /// The raw bucket a probe for `tag` starts at, in a non-empty index (an empty one has no
+    /// buckets): one load, for a loop that reads many keys' first buckets in a row and decodes
+    /// them later (see `KeyTable::find_batch`).
+    #[inline]
+    pub(crate) fn home_bucket(&self, tag: u32) -> u64 {
+        self.buckets[self.home(tag)]
     }
 
     /// Adds a pair the caller knows is absent.
