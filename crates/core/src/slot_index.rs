@@ -6,7 +6,7 @@
 //! on a large table costs one cache miss (the bucket's line; the next buckets are on the same
 //! or the adjacent line), where a SwissTable costs two (its control bytes, then its buckets).
 //! A bucket's address is known from the tag alone, so a batch can read every key's first
-//! bucket before probing ([`SlotIndex::first`]), and a walk can ask for a line ahead
+//! bucket before probing ([`SlotIndex::home_bucket`]), and a walk can ask for a line ahead
 //! ([`SlotIndex::prefetch`]). Growth re-places buckets from their tags and never reads the
 //! entries. Removal shifts the following buckets back (no tombstones), so probe lengths
 //! depend only on the load, which stays at most 3/4.
@@ -112,9 +112,9 @@ impl SlotIndex {
         unpack(self.home_bucket(tag))
     }
 
-    /// The raw bucket a probe for `tag` starts at, in a non-empty index (an empty one has no
-    /// buckets): one load, for a loop that reads many keys' first buckets in a row and decodes
-    /// them later (see `KeyTable::find_batch`).
+    /// The raw bucket a probe for `tag` starts at: one load, for a loop that reads many keys'
+    /// first buckets in a row and decodes them later (see `KeyTable::find_batch`). Only for an
+    /// index that holds pairs (one never filled has no buckets; callers check `len` first).
     #[inline]
     pub(crate) fn home_bucket(&self, tag: u32) -> u64 {
         self.buckets[self.home(tag)]
