@@ -62,7 +62,7 @@ impl RankPages {
         }
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + Clone + '_ {
         type RankPage = (u32, u32);
         let (one, many): (Option<RankPage>, &[RankPage]) = match self {
             RankPages::None => (None, &[]),

@@ -6,7 +6,7 @@
 //! restore. Encoding is deterministic, so equal states give equal bytes on every target, which
 //! is what the native-vs-plugin differential test compares.
 
-use alloc::collections::{BTreeMap, VecDeque, vec_deque};
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
@@ -118,30 +118,29 @@ fn deadlines_in(v: Vec<DeadlineImage>) -> Deadlines {
     )
 }
 
-/// A sequence written from an iterator of exactly `len` items: the bytes of the `Vec` the
-/// image holds there, without the `Vec`.
-struct Seq<F> {
+/// A sequence written from an iterator of exactly `len` items (cloned to be walked, as
+/// `serialize` takes `&self`): the bytes of the `Vec` the image holds there, without the `Vec`.
+struct Seq<I> {
     len: usize,
-    items: F,
+    items: I,
 }
 
-impl<F> Seq<F> {
-    fn new(len: usize, items: F) -> Seq<F> {
+impl<I> Seq<I> {
+    fn new(len: usize, items: I) -> Seq<I> {
         Seq { len, items }
     }
 }
 
-impl<F, I, T> Serialize for Seq<F>
+impl<I> Serialize for Seq<I>
 where
-    F: Fn() -> I,
-    I: Iterator<Item = T>,
-    T: Serialize,
+    I: Iterator + Clone,
+    I::Item: Serialize,
 {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         let mut seq = s.serialize_seq(Some(self.len))?;
         let mut n = 0;
-        for item in (self.items)() {
+        for item in self.items.clone() {
             seq.serialize_element(&item)?;
             n += 1;
         }
@@ -171,30 +170,32 @@ impl Serialize for SpaceOut<'_> {
         let slots = &sp.keys.slots;
         SpaceImageOut {
             order: sp.order,
-            ranks: Seq::new(sp.ranks.len(), || {
+            ranks: Seq::new(
+                sp.ranks.len(),
                 sp.ranks.iter().map(|(&rank, p)| {
                     let pool = PoolImageOut {
                         num_pages: p.num_pages,
-                        table: Seq::new(p.table.len(), || p.table.iter().map(|s| s.0)),
+                        table: Seq::new(p.table.len(), p.table.iter().map(|s| s.0)),
                         returned: &p.returned,
                         counts: &p.counts,
                     };
                     (rank, pool)
-                })
-            }),
-            slots: Seq::new(slots.len(), || {
+                }),
+            ),
+            slots: Seq::new(
+                slots.len(),
                 slots.iter().enumerate().map(|(slot, e)| {
                     e.as_ref().map(|e| EntryImageOut {
                         key: &e.key,
-                        pages: Seq::new(e.pages.len(), || e.pages.iter()),
+                        pages: Seq::new(e.pages.len(), e.pages.iter()),
                         reservations: e.reservations,
                         older: e.older,
                         newer: e.newer,
                         since_s: e.since_s,
                         lease_until: sp.leases.until(slot as u32),
                     })
-                })
-            }),
+                }),
+            ),
             vacant: &sp.keys.vacant,
             newest: sp.keys.newest,
             oldest: sp.keys.oldest,
@@ -251,14 +252,9 @@ struct EntryImageOut<'a, P> {
 }
 
 /// A deadline queue as the image's `Vec<DeadlineImage>`.
-#[allow(clippy::type_complexity)]
-fn deadlines_seq<'a>(
-    q: &'a Deadlines,
-) -> Seq<impl Fn() -> core::iter::Map<vec_deque::Iter<'a, PageDeadline>, fn(&PageDeadline) -> DeadlineImage> + 'a> {
-    fn image(d: &PageDeadline) -> DeadlineImage {
-        DeadlineImage { at: d.at, rank: d.rank, page: d.page, generation: d.generation }
-    }
-    Seq::new(q.0.len(), move || q.0.iter().map(image as fn(&PageDeadline) -> DeadlineImage))
+fn deadlines_seq(q: &Deadlines) -> Seq<impl Iterator<Item = DeadlineImage> + Clone + '_> {
+    let image = |d: &PageDeadline| DeadlineImage { at: d.at, rank: d.rank, page: d.page, generation: d.generation };
+    Seq::new(q.0.len(), q.0.iter().map(image))
 }
 
 impl Core {
@@ -271,7 +267,7 @@ impl Core {
         let image = ImageOut {
             seed: self.seed,
             settings: &self.settings,
-            spaces: Seq::new(self.spaces.len(), || self.spaces.iter().map(|(space, sp)| (space, SpaceOut(sp)))),
+            spaces: Seq::new(self.spaces.len(), self.spaces.iter().map(|(space, sp)| (space, SpaceOut(sp)))),
         };
         // Room for a typical image, so the buffer is not copied as it grows: a stored 32-hex
         // key takes ~50 bytes, a vacant slot 1, a page's state up to 10 (58.0 MB at 10^6 keys
