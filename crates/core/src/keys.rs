@@ -262,6 +262,23 @@ impl KeyTable {
         crate::slot_index::prefetch(self.slots.as_ptr().wrapping_add(slot as usize));
     }
 
+    /// Starts fetching the entries a [`KeyTable::touch`] of the live `slot` writes: its
+    /// neighbours in the recency list and, if it has any, in the candidate list. A batch that
+    /// touches many keys asks for all of them first, so their misses overlap instead of each
+    /// touch waiting for its own. (On wasm, where there is no prefetch, plain loads of the same
+    /// lines ahead of time measured no gain: `get_locations` of 32 among 10^6 keys.)
+    pub(crate) fn prefetch_touch(&self, slot: u32) {
+        if !PREFETCHES {
+            return;
+        }
+        let e = self.get(slot);
+        for s in [e.older, e.newer, e.cand_older, e.cand_newer] {
+            if s != NIL {
+                self.prefetch_entry(s);
+            }
+        }
+    }
+
     /// For a walk of the candidate list that is about to visit `slot` (whose entry it asked for
     /// one step earlier): starts fetching `slot`'s index line and the next key's entry, so the
     /// walk waits for one miss a key instead of three in a row.

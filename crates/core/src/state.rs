@@ -76,6 +76,11 @@ impl Leases {
         self.slots.get(slot as usize).map_or(0, |s| s.until)
     }
 
+    /// Starts fetching `slot`'s lease record (see [`KeyTable::prefetch_touch`]).
+    fn prefetch(&self, slot: u32) {
+        crate::slot_index::prefetch(self.slots.as_ptr().wrapping_add(slot as usize));
+    }
+
     fn set_until(&mut self, slot: u32, until: Millis) {
         if until > 0 || (slot as usize) < self.slots.len() {
             self.slot_mut(slot).until = until;
@@ -887,7 +892,16 @@ impl Core {
         let world = world_count(&settings, sp);
         let mut pages = Vec::with_capacity(keys.len());
         // Leases and touches below add and remove no key: every slot found here stays right.
-        for slot in sp.keys.find_batch_of(keys) {
+        let found = sp.keys.find_batch_of(keys);
+        // Every hit's lease record and recency neighbours, asked for at once (see
+        // `KeyTable::prefetch_touch`): 32 keys among 10^6, 8.6 → 7.2 µs natively (medians of 3).
+        if crate::slot_index::PREFETCHES {
+            for &slot in found.iter().flatten() {
+                sp.keys.prefetch_touch(slot);
+                sp.leases.prefetch(slot);
+            }
+        }
+        for slot in found {
             let hit = slot.and_then(|slot| {
                 let e = sp.keys.get(slot);
                 if is_complete(world, e.pages.len()) { e.pages.get(rank).map(|p| (slot, p)) } else { None }
