@@ -33,9 +33,17 @@
 //! `exists` is never journaled. `allocate` never deletes: the key table grows from 16,384 to
 //! 16,384 + 32 × ITERATIONS keys, its growth included.
 //!
+//! Timing, not counting: for the lookups (`exists`, `locations`) the harness also prints the
+//! mean wall time of the engine's `apply` (`apply: N ns a call`). Two environment variables
+//! bring the call closer to a server's: `STORED=N` stores N keys instead of 16,384, and
+//! `THRASH=MiB` writes a buffer of that size between calls, so each call starts with the key
+//! table out of the caches, as a server's calls can (its network stack runs in between). For
+//! example `THRASH=4 $X native locations 30000`.
+//!
 //! Usage: `instructions native|wasm allocate|exists|locations|full ITERATIONS [BATCH=32]`
 //! - `allocate`: `allocate` of BATCH fresh keys, then `confirm` of their pages (a save);
-//! - `exists` / `locations`: BATCH keys drawn from 16,384 stored ones (a lookup, a load);
+//! - `exists` / `locations`: BATCH keys drawn from the 16,384 (or `STORED`) stored ones (a
+//!   lookup, a load);
 //! - `full`: `allocate` of BATCH fresh keys on a full 1,024-page rank with eviction off, every
 //!   page -1 (the bench's `pool-full`).
 
@@ -90,7 +98,12 @@ fn run(args: &[String]) -> Result<(), String> {
     let mut e = engine(engine_name, settings)?;
     e.apply(0, &Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 1_000_000 })
         .map_err(|err| format!("initialize: {err:?}"))?;
-    let stored = keys(16_384, 0xfeed, 0);
+    let stored = match env_number("STORED", 16_384)? {
+        0 => return Err("STORED=0: a lookup needs stored keys".into()),
+        n => keys(n, 0xfeed, 0),
+    };
+    let mut thrash = vec![0u8; env_number("THRASH", 0)? << 20];
+    let mut apply_time = std::time::Duration::ZERO;
     for chunk in stored.chunks(128) {
         save(e.as_mut(), 1, 0, chunk.to_vec())?;
     }
@@ -107,6 +120,10 @@ fn run(args: &[String]) -> Result<(), String> {
         // The clock advances 1 ms every 16 iterations. A short run (2,000 iterations: 127 ms)
         // ends before any lease (5 s) or reservation (60 s) would expire.
         let now = 2 + i / 16;
+        for byte in thrash.iter_mut().step_by(64) {
+            *byte = byte.wrapping_add(1);
+        }
+        std::hint::black_box(&thrash);
         match workload.as_str() {
             "allocate" => save(e.as_mut(), now, 0, keys(batch, 0xbeef, i * batch as u64))?,
             "full" => {
@@ -129,12 +146,25 @@ fn run(args: &[String]) -> Result<(), String> {
                 } else {
                     Command::Locations { space: Space::Vllm, rank: 0, keys: picked }
                 };
+                let start = std::time::Instant::now();
                 std::hint::black_box(e.apply(now, &cmd).map_err(|err| format!("{workload}: {err:?}"))?);
+                apply_time += start.elapsed();
             }
             other => return Err(format!("workload {other:?}: expected allocate, exists, locations or full")),
         }
     }
+    if matches!(workload.as_str(), "exists" | "locations") && iterations > 0 {
+        eprintln!("apply: {} ns a call", apply_time.as_nanos() / u128::from(iterations));
+    }
     Ok(())
+}
+
+/// The environment variable `name` as a number, `default` when it is not set.
+fn env_number(name: &str, default: usize) -> Result<usize, String> {
+    match std::env::var(name) {
+        Ok(v) => v.parse().map_err(|e| format!("{name}={v}: {e}")),
+        Err(_) => Ok(default),
+    }
 }
 
 fn main() -> std::process::ExitCode {
