@@ -209,7 +209,7 @@ impl KeyTable {
 
     /// [`KeyTable::find_hashed`] for a batch: the slot of each of `n` keys (`key(i)` gives the
     /// `i`-th key, `hash(i)` its hash). One key's lookup on a large table waits for two cache
-    /// misses in a row (its index line, then its entry, to compare the key). Here, 16 keys at a
+    /// misses in a row (its index line, then its entry, to compare the key). Here, 32 keys at a
     /// time, every key's first bucket is read in one loop, then every candidate entry in
     /// another: the loads of one loop do not depend on each other, so the CPU has many misses
     /// in flight at once. Where the CPU can prefetch (x86_64), a loop in between finds each
@@ -224,8 +224,10 @@ impl KeyTable {
         key: impl Fn(usize) -> &'k Key,
         hash: impl Fn(usize) -> u64,
     ) -> Vec<Option<u32>> {
-        /// Keys whose first buckets are read together (on the stack: no allocation).
-        const CHUNK: usize = 16;
+        /// Keys whose first buckets are read together (on the stack: no allocation). 32 rather
+        /// than 16: `exists` of 32 or 1,250 keys among 10^6 ~5–8 % faster natively, the same
+        /// through the plugin (medians of 5, engine only).
+        const CHUNK: usize = 32;
         /// No candidate: no pair with the key's tag.
         const NONE: u32 = u32::MAX;
         if self.index.len() == 0 {
