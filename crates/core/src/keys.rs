@@ -112,7 +112,7 @@ fn holds(slots: &[Option<Entry>], slot: u32, key: &Key) -> bool {
 fn next_slot(vacant: &[u32], len: usize) -> u32 {
     match vacant.last() {
         Some(&s) => s,
-        // u32::MAX is `NIL` (and the batched lookup's "no candidate"): never a slot.
+        // u32::MAX is `NIL` (no slot, as in the lists and the batched lookup): never a slot.
         None => u32::try_from(len).ok().filter(|&s| s != NIL).expect("fewer than 2^32 - 1 keys"),
     }
 }
@@ -240,8 +240,6 @@ impl KeyTable {
         /// than 16: `exists` of 32 or 1,250 keys among 10^6 ~5–8 % faster natively, the same
         /// through the plugin (medians of 5, engine only).
         const CHUNK: usize = 32;
-        /// No candidate: no pair with the key's tag.
-        const NONE: u32 = u32::MAX;
         if self.index.len() == 0 {
             return alloc::vec![None; n];
         }
@@ -251,7 +249,8 @@ impl KeyTable {
         // iterations fit in the CPU's window of instructions in flight — and more misses with
         // them; a decoded `Option` cost three stores and a branch an iteration.
         let mut first = [0u64; CHUNK];
-        let mut candidate = [NONE; CHUNK];
+        // Each key's candidate slot, `NIL` when no pair has its tag.
+        let mut candidate = [NIL; CHUNK];
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
             for j in 0..len {
@@ -264,11 +263,11 @@ impl KeyTable {
                     let t = tag(hashes[j]);
                     candidate[j] = match crate::slot_index::unpack(first[j]) {
                         // Linear probing: a key is never past an empty bucket.
-                        None => NONE,
+                        None => NIL,
                         Some((bt, slot)) if bt == t => slot,
-                        Some(_) => self.index.find(t, |_| true).unwrap_or(NONE),
+                        Some(_) => self.index.find(t, |_| true).unwrap_or(NIL),
                     };
-                    if candidate[j] != NONE {
+                    if candidate[j] != NIL {
                         self.prefetch_entry(candidate[j]);
                     }
                 }
@@ -277,7 +276,7 @@ impl KeyTable {
                 let (k, hash) = (key(start + j), hashes[j]);
                 out.push(if PREFETCH {
                     match candidate[j] {
-                        NONE => None,
+                        NIL => None,
                         slot if holds(&self.slots, slot, k) => Some(slot),
                         _ => self.find_hashed(k, hash),
                     }
