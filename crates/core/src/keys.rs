@@ -210,15 +210,15 @@ impl KeyTable {
 
     /// [`KeyTable::find_hashed`] for a batch: the slot of each of `n` keys (`key(i)` gives the
     /// `i`-th key, `hash(i)` its hash). One key's lookup on a large table waits for two cache
-    /// misses in a row (its index line, then its entry, to compare the key). Here, 32 keys at a
-    /// time, every key's first bucket is read in one loop, then every candidate entry in
-    /// another: the loads of one loop do not depend on each other, so the CPU has many misses
-    /// in flight at once. Where the CPU can prefetch (x86_64), a loop in between finds each
-    /// key's candidate — the first pair with its tag, probing on past a taken first bucket,
-    /// whose line is usually cached by then — and asks for its entry, so a key found past its
-    /// first bucket does not wait for its entry alone (`exists` of 32 keys among 10^6, 2.20 →
-    /// 1.89 µs; on wasm, without prefetch, that loop cost ~4 % and gained nothing). Any key its
-    /// candidate does not settle is looked up in full. Same answers as `find_hashed` one by one.
+    /// misses in a row (its index line, then its entry, to compare the key); a batch makes the
+    /// misses of many keys overlap. Where the CPU can prefetch (x86_64) the batch runs as a
+    /// pipeline over chunks of 16 keys ([`KeyTable::find_batch_pipelined`]): `exists` of 1,250
+    /// among 10^6 keys with the table out of the caches 75 → 50 µs, of 32 among 16,384 1.60 →
+    /// 1.19 µs, `get_locations` of 32 3.98 → 3.26 µs; 1,250 hits on a table already in the
+    /// caches ~3 % slower (medians of 5–7, `examples/instructions.rs` with `THRASH`). On wasm,
+    /// without prefetch, 32 keys at a time have their first buckets read in one loop, then
+    /// their entries in another (the extra stages cost ~4 % there and gained nothing). Same
+    /// answers as `find_hashed` one by one.
     pub(crate) fn find_batch<'k>(
         &self,
         n: usize,
@@ -228,29 +228,28 @@ impl KeyTable {
         self.find_batch_with::<PREFETCHES>(n, key, hash)
     }
 
-    /// [`KeyTable::find_batch`], with the candidate loop and its prefetch (`PREFETCH`) or
-    /// without: the tests run both on any target.
+    /// [`KeyTable::find_batch`], pipelined with prefetches (`PREFETCH`) or in two loops a
+    /// chunk: the tests run both on any target.
     fn find_batch_with<'k, const PREFETCH: bool>(
         &self,
         n: usize,
         key: impl Fn(usize) -> &'k Key,
         hash: impl Fn(usize) -> u64,
     ) -> Vec<Option<u32>> {
-        /// Keys whose first buckets are read together (on the stack: no allocation). 32 rather
-        /// than 16: `exists` of 32 or 1,250 keys among 10^6 ~5–8 % faster natively, the same
-        /// through the plugin (medians of 5, engine only).
-        const CHUNK: usize = 32;
         if self.index.len() == 0 {
             return alloc::vec![None; n];
         }
+        if PREFETCH {
+            return self.find_batch_pipelined(n, key, hash);
+        }
+        /// Keys whose first buckets are read together (on the stack: no allocation).
+        const CHUNK: usize = 32;
         let mut out = Vec::with_capacity(n);
         let mut hashes = [0u64; CHUNK];
         // The raw buckets: the first loop only hashes and loads (a store each), so more of its
         // iterations fit in the CPU's window of instructions in flight — and more misses with
         // them; a decoded `Option` cost three stores and a branch an iteration.
         let mut first = [0u64; CHUNK];
-        // Each key's candidate slot, `NIL` when no pair has its tag.
-        let mut candidate = [NIL; CHUNK];
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
             for j in 0..len {
@@ -258,35 +257,68 @@ impl KeyTable {
                 hashes[j] = h;
                 first[j] = self.index.home_bucket(tag(h));
             }
-            if PREFETCH {
-                for j in 0..len {
-                    let t = tag(hashes[j]);
-                    candidate[j] = match crate::slot_index::unpack(first[j]) {
-                        // Linear probing: a key is never past an empty bucket.
-                        None => NIL,
-                        Some((bt, slot)) if bt == t => slot,
-                        Some(_) => self.index.find(t, |_| true).unwrap_or(NIL),
-                    };
-                    if candidate[j] != NIL {
-                        self.prefetch_entry(candidate[j]);
+            for j in 0..len {
+                let (k, hash) = (key(start + j), hashes[j]);
+                out.push(match crate::slot_index::unpack(first[j]) {
+                    None => None,
+                    Some((t, slot)) if t == tag(hash) && holds(&self.slots, slot, k) => Some(slot),
+                    Some(_) => self.find_hashed(k, hash),
+                });
+            }
+        }
+        out
+    }
+
+    /// [`KeyTable::find_batch`] where the CPU can prefetch: a pipeline of three stages over
+    /// chunks of keys. Each round hashes one chunk and asks for its first buckets; finds the
+    /// previous chunk's candidates (the first pair with the key's tag, probing on past a taken
+    /// first bucket) in the lines asked for a round earlier, and asks for their entries; and
+    /// compares the keys of the chunk before that with the entries asked for a round earlier.
+    /// So a lookup never waits for the miss it just caused: the work of two other chunks runs
+    /// while its line arrives. A key its candidate does not settle is looked up in full.
+    fn find_batch_pipelined<'k>(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> &'k Key,
+        hash: impl Fn(usize) -> u64,
+    ) -> Vec<Option<u32>> {
+        /// Keys a stage handles at a time (on the stack: no allocation).
+        const CHUNK: usize = 16;
+        /// Chunks in flight: one a stage.
+        const STAGES: usize = 3;
+        let mut out = Vec::with_capacity(n);
+        let mut hashes = [[0u64; CHUNK]; STAGES];
+        // Each key's candidate slot, `NIL` when no pair has its tag.
+        let mut candidate = [[NIL; CHUNK]; STAGES];
+        let chunks = n.div_ceil(CHUNK);
+        let len = |c: usize| CHUNK.min(n - c * CHUNK);
+        for round in 0..chunks + STAGES - 1 {
+            if round < chunks {
+                let (c, h) = (round, &mut hashes[round % STAGES]);
+                for (j, h) in h.iter_mut().enumerate().take(len(c)) {
+                    *h = hash(c * CHUNK + j);
+                    self.index.prefetch(tag(*h));
+                }
+            }
+            if let Some(c) = round.checked_sub(1).filter(|&c| c < chunks) {
+                let (h, cand) = (&hashes[c % STAGES], &mut candidate[c % STAGES]);
+                for j in 0..len(c) {
+                    cand[j] = self.index.find(tag(h[j]), |_| true).unwrap_or(NIL);
+                    if cand[j] != NIL {
+                        self.prefetch_entry(cand[j]);
                     }
                 }
             }
-            for j in 0..len {
-                let (k, hash) = (key(start + j), hashes[j]);
-                out.push(if PREFETCH {
-                    match candidate[j] {
+            if let Some(c) = round.checked_sub(2) {
+                let (h, cand) = (&hashes[c % STAGES], &candidate[c % STAGES]);
+                for j in 0..len(c) {
+                    let k = key(c * CHUNK + j);
+                    out.push(match cand[j] {
                         NIL => None,
                         slot if holds(&self.slots, slot, k) => Some(slot),
-                        _ => self.find_hashed(k, hash),
-                    }
-                } else {
-                    match crate::slot_index::unpack(first[j]) {
-                        None => None,
-                        Some((t, slot)) if t == tag(hash) && holds(&self.slots, slot, k) => Some(slot),
-                        Some(_) => self.find_hashed(k, hash),
-                    }
-                });
+                        _ => self.find_hashed(k, h[j]),
+                    });
+                }
             }
         }
         out
@@ -819,11 +851,13 @@ mod tests {
         let want: Vec<Option<u32>> = query.iter().map(|&i| t.find_hashed(&keys[i as usize], hash(i))).collect();
         let expected: Vec<Option<u32>> = query.iter().map(|&i| slots[i as usize]).collect();
         assert_eq!(want, expected, "every stored key at its slot, every other absent");
-        // Both ways the batch can run (the candidate loop is x86_64's; wasm runs without it).
-        let with = t.find_batch_with::<true>(query.len(), |j| &keys[query[j] as usize], |j| hash(query[j]));
-        assert_eq!(with, want, "with the candidate loop");
-        let without = t.find_batch_with::<false>(query.len(), |j| &keys[query[j] as usize], |j| hash(query[j]));
-        assert_eq!(without, want, "without it");
+        // Both ways the batch can run (the pipeline is x86_64's; wasm runs the two loops), on
+        // batches that end inside, at and just past a chunk (16 and 32 keys) and the whole query.
+        for n in [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, query.len()] {
+            let (keys_of, hash_of) = (|j: usize| &keys[query[j] as usize], |j: usize| hash(query[j]));
+            assert_eq!(t.find_batch_with::<true>(n, keys_of, hash_of), want[..n], "pipelined, {n} keys");
+            assert_eq!(t.find_batch_with::<false>(n, keys_of, hash_of), want[..n], "two loops, {n} keys");
+        }
     }
 
     fn candidates(t: &KeyTable) -> Vec<u32> {
