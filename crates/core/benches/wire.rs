@@ -34,6 +34,11 @@ fn confirm_body(pairs: &[(String, i64)], extra: &str) -> String {
     format!("{{\"rank\":0,\"confirmations\":[{}],\"pages_to_release\":[]{extra}}}", pairs.join(","))
 }
 
+/// `n` confirmations: key `i` on page `i`.
+fn pages(n: usize) -> Vec<(String, i64)> {
+    (0..n as u64).map(|i| (key(i), i as i64)).collect()
+}
+
 /// The `[key, page]` pairs of a batch_allocate reply.
 fn pairs_of(reply: &[u8]) -> Vec<(String, i64)> {
     let v: serde_json::Value = serde_json::from_slice(reply).expect("JSON");
@@ -57,11 +62,13 @@ type BodyOf = fn(usize, &str) -> String;
 
 fn decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode");
-    let cases: [(&str, usize, BodyOf); 4] = [
+    let cases: [(&str, usize, BodyOf); 6] = [
         ("/keys/batch_exists", 32, |n, x| exists_body(0..n as u64, x)),
         ("/keys/batch_exists", 1250, |n, x| exists_body(0..n as u64, x)),
         ("/keys/batch_allocate", 32, |n, x| allocate_body(0..n as u64, x)),
         ("/keys/batch_allocate", 128, |n, x| allocate_body(0..n as u64, x)),
+        ("/keys/confirm_write", 32, |n, x| confirm_body(&pages(n), x)),
+        ("/keys/confirm_write", 128, |n, x| confirm_body(&pages(n), x)),
     ];
     for (path, n, body) in cases {
         g.throughput(Throughput::Elements(n as u64));
