@@ -246,16 +246,20 @@ impl KeyTable {
         const CHUNK: usize = 32;
         let mut out = Vec::with_capacity(n);
         let mut hashes = [0u64; CHUNK];
-        // The raw buckets: the first loop only hashes and loads (a store each), so more of its
-        // iterations fit in the CPU's window of instructions in flight — and more misses with
-        // them; a decoded `Option` cost three stores and a branch an iteration.
+        // The raw buckets: their loop only loads (a store each), so many of its iterations fit
+        // in the CPU's window of instructions in flight — and their misses with them; a decoded
+        // `Option` cost three stores and a branch an iteration. The hashes come first, in a loop
+        // of their own: a hash is many instructions (more on wasm32), and hashing in the loads'
+        // loop left fewer loads in flight (`exists` of 32 keys through the plugin, table
+        // out of the caches: 4.66 → 3.48–3.94 µs a call; the same with the table cached).
         let mut first = [0u64; CHUNK];
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
+            for (j, h) in hashes.iter_mut().enumerate().take(len) {
+                *h = hash(start + j);
+            }
             for j in 0..len {
-                let h = hash(start + j);
-                hashes[j] = h;
-                first[j] = self.index.home_bucket(tag(h));
+                first[j] = self.index.home_bucket(tag(hashes[j]));
             }
             for j in 0..len {
                 let (k, hash) = (key(start + j), hashes[j]);
