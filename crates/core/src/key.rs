@@ -107,12 +107,23 @@ impl Key {
 pub(crate) struct HexText([u8; 32]);
 
 impl HexText {
+    /// Four bytes at a time in a `u64` (no table lookups: on wasm each was a load, a bounds
+    /// check and a store; snapshots write every stored key this way).
     pub(crate) fn new(bytes: &[u8; 16]) -> HexText {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        const LOW: u64 = 0x000f_000f_000f_000f;
+        const ONES: u64 = 0x0101_0101_0101_0101;
         let mut buf = [0u8; 32];
-        for (i, b) in bytes.iter().enumerate() {
-            buf[2 * i] = DIGITS[usize::from(b >> 4)];
-            buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        for (out, four) in buf.chunks_exact_mut(8).zip(bytes.chunks_exact(4)) {
+            // Each byte into its own 16-bit lane, in order.
+            let mut t = u64::from(u32::from_le_bytes(four.try_into().expect("4 bytes")));
+            t = (t | (t << 16)) & 0x0000_ffff_0000_ffff;
+            t = (t | (t << 8)) & 0x00ff_00ff_00ff_00ff;
+            // A lane's first byte (written first) is the high nibble, its second the low one.
+            let nibbles = ((t >> 4) & LOW) | ((t & LOW) << 8);
+            // '0' + n, plus 'a' - '0' - 10 = 39 where n > 9 (n + 6 carries into bit 4).
+            let letters = ((nibbles + 6 * ONES) >> 4) & ONES;
+            let digits = nibbles + b'0' as u64 * ONES + letters * 39;
+            out.copy_from_slice(&digits.to_le_bytes());
         }
         HexText(buf)
     }
@@ -198,6 +209,18 @@ mod tests {
                 let digit = byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte);
                 assert_eq!(matches!(k, Key::Hex(_)), digit, "byte {byte:#x} at {pos}");
                 assert_eq!(k.to_string(), text);
+            }
+        }
+    }
+
+    #[test]
+    fn every_byte_at_every_position_is_written_as_two_lowercase_digits() {
+        for pos in 0..16 {
+            for byte in 0..=255u8 {
+                let mut b = [0x5au8; 16];
+                b[pos] = byte;
+                let want: alloc::string::String = b.iter().map(|x| alloc::format!("{x:02x}")).collect();
+                assert_eq!(HexText::new(&b).as_str(), want, "byte {byte:#x} at {pos}");
             }
         }
     }
