@@ -216,9 +216,9 @@ impl KeyTable {
     /// among 10^6 keys with the table out of the caches 75 → 50 µs, of 32 among 16,384 1.60 →
     /// 1.19 µs, `get_locations` of 32 3.98 → 3.26 µs; 1,250 hits on a table already in the
     /// caches ~3 % slower (medians of 5–7, `examples/instructions.rs` with `THRASH`). On wasm,
-    /// without prefetch, 32 keys at a time have their first buckets read in one loop, then
-    /// their entries in another (the extra stages cost ~4 % there and gained nothing). Same
-    /// answers as `find_hashed` one by one.
+    /// without prefetch, a chunk of 32 keys is hashed in one loop, has its first buckets read
+    /// in a second and its entries compared in a third (plain loads in the pipeline's places
+    /// gained nothing there). Same answers as `find_hashed` one by one.
     pub(crate) fn find_batch<'k>(
         &self,
         n: usize,
@@ -228,7 +228,7 @@ impl KeyTable {
         self.find_batch_with::<PREFETCHES>(n, key, hash)
     }
 
-    /// [`KeyTable::find_batch`], pipelined with prefetches (`PREFETCH`) or in two loops a
+    /// [`KeyTable::find_batch`], pipelined with prefetches (`PREFETCH`) or in plain loops a
     /// chunk: the tests run both on any target.
     fn find_batch_with<'k, const PREFETCH: bool>(
         &self,

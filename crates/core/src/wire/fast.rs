@@ -145,7 +145,7 @@ fn body(b: &[u8], member: impl FnMut(&str, &mut Scan<'_>) -> Option<()>) -> Opti
 }
 
 /// A quoted key of 32 lowercase hex digits (the clients' keys), packed straight from the body;
-/// `None`, the cursor unmoved, for any other value.
+/// `None`, having moved the cursor past whitespace only, for any other value.
 #[inline(always)]
 fn hex_key(s: &mut Scan<'_>) -> Option<[u8; 16]> {
     s.ws();
