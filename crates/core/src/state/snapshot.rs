@@ -260,7 +260,7 @@ fn deadlines_seq(q: &Deadlines) -> Seq<impl Iterator<Item = DeadlineImage> + Clo
 impl Core {
     /// The whole state as bytes; `Core::restore` gives back an identical core.
     ///
-    /// Written straight from the state: the bytes of an [`Image`] (what `restore` reads), but
+    /// Written straight from the state: the bytes of an `Image` (what `restore` reads), but
     /// without building one. An owned image cost an allocation per key (its pages) and a copy
     /// of the whole state before a byte was written: at 10^6 keys ~60 % of a snapshot's time.
     pub fn snapshot(&self) -> Vec<u8> {
