@@ -855,12 +855,12 @@ mod tests {
         let want: Vec<Option<u32>> = query.iter().map(|&i| t.find_hashed(&keys[i as usize], hash(i))).collect();
         let expected: Vec<Option<u32>> = query.iter().map(|&i| slots[i as usize]).collect();
         assert_eq!(want, expected, "every stored key at its slot, every other absent");
-        // Both ways the batch can run (the pipeline is x86_64's; wasm runs the two loops), on
+        // Both ways the batch can run (the pipeline is x86_64's; wasm runs plain loops), on
         // batches that end inside, at and just past a chunk (16 and 32 keys) and the whole query.
         for n in [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, query.len()] {
             let (keys_of, hash_of) = (|j: usize| &keys[query[j] as usize], |j: usize| hash(query[j]));
             assert_eq!(t.find_batch_with::<true>(n, keys_of, hash_of), want[..n], "pipelined, {n} keys");
-            assert_eq!(t.find_batch_with::<false>(n, keys_of, hash_of), want[..n], "two loops, {n} keys");
+            assert_eq!(t.find_batch_with::<false>(n, keys_of, hash_of), want[..n], "plain loops, {n} keys");
         }
     }
 
