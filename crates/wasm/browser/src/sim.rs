@@ -432,7 +432,7 @@ impl Sim {
     /// every rank loads the hit prefix (`get_locations`), and every writer allocates the misses on
     /// every rank and confirms what it got (unless it crashes first).
     fn step_once(&mut self) {
-        let plan = self.workload.as_mut().expect("checked by the caller").next();
+        let plan = self.workload.as_mut().expect("checked by the caller").next_plan();
         let step_ms = self.workload.as_ref().expect("checked by the caller").spec().step_ms;
         let quoted: Vec<String> = plan.keys.iter().map(|k| format!("\"{k}\"")).collect();
         let all = quoted.join(",");

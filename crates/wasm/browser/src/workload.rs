@@ -168,7 +168,7 @@ impl Workload {
     }
 
     /// The next step's plan.
-    pub fn next(&mut self) -> Plan {
+    pub fn next_plan(&mut self) -> Plan {
         let s = &self.spec;
         // Distinct namespaces for the contents of system prompts, prompts, chats and bursts.
         let seed = u128::from(mix(s.seed ^ 0x5eed));
@@ -247,11 +247,11 @@ mod tests {
             [Kind::SharedPrefix, Kind::MultiTurn, Kind::UniqueBurst, Kind::CrashingWriters, Kind::DuplicateWriters]
         {
             let (mut a, mut b) = (Workload::new(spec(kind)), Workload::new(spec(kind)));
-            let pa: Vec<Plan> = (0..50).map(|_| a.next()).collect();
-            let pb: Vec<Plan> = (0..50).map(|_| b.next()).collect();
+            let pa: Vec<Plan> = (0..50).map(|_| a.next_plan()).collect();
+            let pb: Vec<Plan> = (0..50).map(|_| b.next_plan()).collect();
             assert_eq!(pa, pb, "{kind:?}");
             let mut c = Workload::new(WorkloadSpec { seed: 2, ..spec(kind) });
-            let pc: Vec<Plan> = (0..50).map(|_| c.next()).collect();
+            let pc: Vec<Plan> = (0..50).map(|_| c.next_plan()).collect();
             assert_ne!(pa, pc, "{kind:?}");
             assert!(pa.iter().flat_map(|p| &p.keys).all(|k| k.len() == 32 && k.bytes().all(|b| b.is_ascii_hexdigit())));
         }
@@ -260,7 +260,7 @@ mod tests {
     #[test]
     fn prompts_of_one_system_prompt_share_its_prefix() {
         let mut w = Workload::new(spec(Kind::SharedPrefix));
-        let plans: Vec<Plan> = (0..200).map(|_| w.next()).collect();
+        let plans: Vec<Plan> = (0..200).map(|_| w.next_plan()).collect();
         assert!(plans.iter().all(|p| p.keys.len() == 5 && p.writers == 1 && !p.crash));
         // Two system prompts: exactly two distinct 3-block prefixes.
         let mut prefixes: Vec<&[String]> = plans.iter().map(|p| &p.keys[..3]).collect();
@@ -279,14 +279,14 @@ mod tests {
     #[test]
     fn chats_grow_their_prefix_and_bursts_never_repeat() {
         let mut w = Workload::new(WorkloadSpec { chats: 1, max_turns: 3, ..spec(Kind::MultiTurn) });
-        let turns: Vec<Plan> = (0..4).map(|_| w.next()).collect();
+        let turns: Vec<Plan> = (0..4).map(|_| w.next_plan()).collect();
         assert_eq!(turns.iter().map(|p| p.keys.len()).collect::<Vec<_>>(), [2, 4, 6, 2]);
         assert_eq!(turns[1].keys[..2], turns[0].keys[..]);
         assert_eq!(turns[2].keys[..4], turns[1].keys[..]);
         assert_ne!(turns[3].keys[0], turns[0].keys[0], "a new chat starts after max_turns");
 
         let mut w = Workload::new(spec(Kind::UniqueBurst));
-        let mut all: Vec<String> = (0..100).flat_map(|_| w.next().keys).collect();
+        let mut all: Vec<String> = (0..100).flat_map(|_| w.next_plan().keys).collect();
         let n = all.len();
         all.sort();
         all.dedup();
@@ -296,10 +296,10 @@ mod tests {
     #[test]
     fn crash_rate_and_duplicate_writers() {
         let mut w = Workload::new(WorkloadSpec { crash_rate: 0.5, ..spec(Kind::CrashingWriters) });
-        let crashes = (0..1000).filter(|_| w.next().crash).count();
+        let crashes = (0..1000).filter(|_| w.next_plan().crash).count();
         assert!((400..600).contains(&crashes), "{crashes}");
         let mut w = Workload::new(spec(Kind::DuplicateWriters));
-        assert_eq!(w.next().writers, 2);
+        assert_eq!(w.next_plan().writers, 2);
     }
 
     #[test]
