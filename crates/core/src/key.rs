@@ -22,9 +22,10 @@ pub enum Key {
     Text(Box<str>),
 }
 
-/// A packed key is hashed as one 128-bit number (one multiply in foldhash, the key table's
-/// hasher), any other key as its text. Equal keys are the same variant with the same content,
-/// so they hash alike.
+/// A packed key is hashed as one 128-bit number (one multiply in foldhash, which the key
+/// table's hasher uses on wasm32; natively it mixes a packed key's halves itself, see
+/// `keys::Hasher`), any other key as its text. Equal keys are the same variant with the same
+/// content, so they hash alike.
 impl core::hash::Hash for Key {
     fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
         match self {

@@ -9,7 +9,6 @@
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::hash::BuildHasher;
 
 use crate::command::*;
 use crate::error::{Error, PagePlace};
@@ -1319,7 +1318,6 @@ mod tests {
 
     #[test]
     fn distinct_indices_are_each_keys_first_position_with_its_hash() {
-        use core::hash::BuildHasher;
         let hasher = crate::keys::Hasher::with_seed(7);
         // Sizes around the table's power-of-two steps, from no repeats to almost all repeats.
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
