@@ -18,7 +18,7 @@
 //!   versioned, deterministic bytes.
 //! - `state/view`: [`Core::page_map`] / [`Core::page_view`], read-only page views for viewers
 //!   (the browser simulator's page map).
-//! - [`wire`] (feature `wire`, needs std): the HTTP API's JSON — a request's method, path and
+//! - `wire` (feature `wire`, needs std): the HTTP API's JSON — a request's method, path and
 //!   body into a [`Command`], the [`Reply`] or [`Error`] into the exact answer bytes, and the
 //!   error catalogue. The host and the browser simulator share it; the rules above never see
 //!   JSON.
