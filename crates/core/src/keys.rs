@@ -32,10 +32,9 @@ pub(crate) struct Hasher {
 
 impl Hasher {
     pub(crate) fn with_seed(seed: u64) -> Hasher {
-        Hasher {
-            seeds: [spread(seed ^ 0x243f_6a88_85a3_08d3), spread(seed ^ 0x1319_8a2e_0370_7344)],
-            fold: foldhash::fast::FixedState::with_seed(seed),
-        }
+        let fold = foldhash::fast::FixedState::with_seed(seed);
+        // Two seeds drawn from foldhash's, so nearby seeds give unrelated ones.
+        Hasher { seeds: [fold.hash_one(0u64), fold.hash_one(1u64)], fold }
     }
 
     /// The hash of `key`.
@@ -52,13 +51,6 @@ impl Hasher {
             _ => self.fold.hash_one(key),
         }
     }
-}
-
-/// `x` with its bits spread (splitmix64's finalizer), so that nearby seeds give unrelated ones.
-fn spread(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// Two words mixed into one: their 128-bit product with its halves XORed, folded once more
@@ -923,11 +915,13 @@ mod tests {
             for (name, key) in patterns {
                 let n = 4096u64;
                 let mut hashes: Vec<u64> = (0..n).map(|i| hasher.hash_one(&Key::Hex(key(i)))).collect();
+                // An index of 256 buckets: its `home` takes a tag's top 8 bits of mixing.
+                let index = SlotIndex::with_capacity(192);
                 let mut top = [0u32; 256];
                 let mut home = [0u32; 256];
                 for &h in &hashes {
                     top[(h >> 56) as usize] += 1;
-                    home[(u64::from(tag(h)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize] += 1;
+                    home[index.home(tag(h))] += 1;
                 }
                 // 16 a bucket on average: a uniform hash puts at most ~35 in any of 256.
                 let worst = |b: &[u32; 256]| b.iter().copied().max().unwrap();

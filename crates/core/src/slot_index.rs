@@ -76,7 +76,7 @@ impl SlotIndex {
 
     /// The first bucket `tag` is probed at: the top bits of a multiplicative hash (an odd
     /// multiplier is a bijection on the tag, and its top bits depend on every tag bit).
-    fn home(&self, tag: u32) -> usize {
+    pub(crate) fn home(&self, tag: u32) -> usize {
         let spread = u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (spread >> (64 - self.buckets.len().trailing_zeros())) as usize
     }
