@@ -183,6 +183,10 @@ pub struct ServeArgs {
     /// is visible to every user in `ps`.
     #[arg(long, env = "KVPAGES_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Worker threads serving HTTP. Default: half the CPUs, at least 1 — the clients on this
+    /// host get the other half, and the engine runs one command at a time whatever the count.
+    #[arg(long, env = "KVPAGES_THREADS", value_parser = parse_threads)]
+    pub threads: Option<usize>,
     /// Log filter (tracing's env-filter syntax): error, warn, info, debug (one line per request).
     #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
     pub log: String,
@@ -209,6 +213,14 @@ pub fn parse_share(s: &str) -> Result<f64, String> {
 /// Parses seconds as a duration that may be 0 (0 turns the feature off).
 pub fn parse_seconds_or_zero(s: &str) -> Result<Duration, String> {
     if s.parse::<f64>() == Ok(0.0) { Ok(Duration::ZERO) } else { parse_seconds(s) }
+}
+
+/// Parses a count of worker threads (at least 1).
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("'{s}' is not a thread count (1 or more)")),
+    }
 }
 
 /// Parses seconds, fractions allowed (`0.5`), as a positive duration.
@@ -311,7 +323,13 @@ pub fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> Result<(), String> {
     init_logging(&args.log)?;
     let config = args.config()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let threads = args.threads.unwrap_or_else(server::default_threads);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(server::SERVER_THREAD)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
             .parse()
@@ -322,6 +340,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let engine = server::try_build_engine(&config, seed)?;
         tracing::info!(
             engine = %config.engine,
+            threads,
             world_size = ?config.settings.world_size,
             max_body = config.max_body,
             request_timeout = ?config.request_timeout,

@@ -21,6 +21,21 @@ use crate::engine::{Engine, EngineError, EngineKind, NativeEngine};
 use crate::plugin::{PluginEngine, Sandbox};
 use crate::routes::{admin, get_route, post_route};
 
+/// Name of the server's worker threads, `kvpages serve`'s and `kvpages bench`'s in-process
+/// servers' alike (the kernel keeps 15 bytes of a thread's name), and of the runtime's blocking
+/// threads (recovery, snapshot writes): `top -H` shows them, and the bench sums their CPU time.
+pub const SERVER_THREAD: &str = "kvpages-server";
+
+/// Worker threads a server gets unless told otherwise: half the CPUs, at least one. The
+/// clients (vLLM's scheduler and workers, or the load generator) run on the same host and get
+/// the other half. The engine is one lock, held for microseconds a command, so more workers
+/// add HTTP parsing in parallel, not engine throughput. Measured on 2 CPUs with the load
+/// generator beside it (docs/BENCHMARKS.md, session 22): one worker served the save/load
+/// cycle and `get_locations` at 16 connections 1.1–1.8x faster than two, at half the p99.
+pub fn default_threads() -> usize {
+    (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
+}
+
 /// Everything `kvpages serve` needs to know.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {

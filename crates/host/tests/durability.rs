@@ -1,6 +1,6 @@
 //! Durability with the real binary: restarts, `kill -9` under concurrent load, a torn log tail.
 //! Every acknowledged confirm and delete must be there after the restart, and the page counts
-//! must add up.
+//! must add up. Also the worker threads `kvpages serve` runs (`--threads`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -375,4 +375,39 @@ fn recovery_and_imports_log_counts_and_rates() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_file(&file).unwrap();
     std::fs::remove_file(&log).unwrap();
+}
+
+/// Threads of process `pid` named `kvpages-server` (the server's workers).
+fn server_threads(pid: u32) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("Linux's /proc");
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == "kvpages-server"))
+        .count()
+}
+
+#[test]
+fn serve_runs_the_worker_threads_it_is_told_or_half_the_cpus() {
+    let dir = tmp("threads");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // In memory: recovery and snapshot writes run on the runtime's blocking threads, which
+    // carry the same name.
+    for (extra, want) in [(&["--in-memory", "--threads", "3"][..], 3), (&["--in-memory"][..], (cpus / 2).max(1))] {
+        let p = start(&dir, free_port(), extra);
+        // Workers start when the runtime is built, before the listener answers.
+        assert_eq!(server_threads(p.child.id()), want, "{extra:?} on {cpus} CPUs");
+        // They serve: a save goes through.
+        for rank in 0..2 {
+            assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages": 4}"#).0, 200);
+        }
+        assert!(save(p.addr, "0123456789abcdef0123456789abcdef").is_some());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kvpages"))
+        .args(["serve", "--in-memory", "--port", "0", "--threads", "0"])
+        .output()
+        .expect("kvpages runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("'0' is not a thread count (1 or more)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -123,8 +123,8 @@ pub struct BenchArgs {
     pub memory_keys: u32,
     /// Worker threads of the in-process server, and as many for the generator (default: half
     /// the CPUs each, at least 1: the two sides split the machine instead of both competing
-    /// for every core).
-    #[arg(long)]
+    /// for every core; `kvpages serve`'s default too).
+    #[arg(long, value_parser = crate::cli::parse_threads)]
     pub threads: Option<usize>,
     /// Log filter of the in-process server.
     #[arg(long, default_value = "error")]
@@ -367,7 +367,7 @@ impl InProcess {
     fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name(SERVER_THREAD)
+            .thread_name(crate::server::SERVER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
@@ -453,8 +453,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     }
     let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
     let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
-    let threads =
-        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1);
+    let threads = args.threads.unwrap_or_else(crate::server::default_threads);
     let server = InProcess::start(threads, specs, &args.data_dir)?;
     let generator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -688,12 +687,9 @@ struct Raw {
     server_cpu: Option<Duration>,
 }
 
-/// Name of the in-process servers' threads (the kernel keeps 15 bytes of a thread's name).
-const SERVER_THREAD: &str = "kvpages-server";
-
 /// CPU time the in-process servers' threads have run so far: the sum of the first field of
 /// Linux's `/proc/self/task/*/schedstat` (nanoseconds on a CPU) over the threads named
-/// [`SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
+/// [`crate::server::SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
 pub(super) fn server_cpu() -> Option<Duration> {
     let mut total = 0u64;
     let mut found = false;
@@ -701,7 +697,7 @@ pub(super) fn server_cpu() -> Option<Duration> {
         let dir = task.path();
         // A thread may end between the listing and these reads: skip it.
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
-        if comm.trim_end() != SERVER_THREAD {
+        if comm.trim_end() != crate::server::SERVER_THREAD {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
@@ -1014,7 +1010,7 @@ mod tests {
         assert_eq!(super::server_cpu(), None);
         // A thread named like the servers' is counted: at least most of its 200 ms spin (the
         // machine may take some of the wall time away) and not more than its wall time.
-        let (before, after) = spin_on(super::SERVER_THREAD, Duration::from_millis(200));
+        let (before, after) = spin_on(crate::server::SERVER_THREAD, Duration::from_millis(200));
         let (before, after) = (before.expect("the thread counts itself"), after.expect("still running"));
         let spent = after - before;
         assert!(spent >= Duration::from_millis(50) && spent <= Duration::from_millis(260), "{spent:?}");
