@@ -874,12 +874,8 @@ impl Core {
             };
         };
         let world = world_count(&self.settings, sp);
-        Ok(sp
-            .keys
-            .find_batch_of(keys)
-            .into_iter()
-            .map(|slot| slot.is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len())))
-            .collect())
+        let complete = |slot: Option<u32>| slot.is_some_and(|s| is_complete(world, sp.keys.get(s).pages.len()));
+        Ok(sp.keys.find_batch_of_map(keys, complete))
     }
 
     fn locations(&mut self, now: Millis, space: &Space, rank: u32, keys: &[Key]) -> Result<Reply, Error> {
