@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvpages_host::server::{SERVER_THREAD, default_threads};
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -32,11 +34,18 @@ fn start(dir: &Path, port: u16, extra: &[&str]) -> Proc {
 }
 
 fn start_engine(engine: &str, dir: &Path, port: u16, extra: &[&str]) -> Proc {
+    start_with_env(engine, dir, port, extra, &[])
+}
+
+/// [`start_engine`] with `env` set (and no `KVPAGES_THREADS` from the test's own environment).
+fn start_with_env(engine: &str, dir: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_kvpages"))
         .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--log", "warn", "--engine", engine])
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
+        .env_remove("KVPAGES_THREADS")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -377,25 +386,40 @@ fn recovery_and_imports_log_counts_and_rates() {
     std::fs::remove_file(&log).unwrap();
 }
 
-/// Threads of process `pid` named `kvpages-server` (the server's workers).
-fn server_threads(pid: u32) -> usize {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("Linux's /proc");
-    tasks
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == "kvpages-server"))
-        .count()
+/// Threads of process `pid` named like the server's workers, once there are `want` of them: a
+/// thread takes its name when it first runs, which may be after the server answers (polled
+/// for up to 10 s; the last count otherwise).
+fn server_threads(pid: u32, want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("Linux's /proc");
+        let named = |t: &std::fs::DirEntry| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == SERVER_THREAD)
+        };
+        let n = tasks.flatten().filter(named).count();
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
 fn serve_runs_the_worker_threads_it_is_told_or_half_the_cpus() {
     let dir = tmp("threads");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (default, more) = (default_threads(), (default_threads() + 1).to_string());
     // In memory: recovery and snapshot writes run on the runtime's blocking threads, which
     // carry the same name.
-    for (extra, want) in [(&["--in-memory", "--threads", "3"][..], 3), (&["--in-memory"][..], (cpus / 2).max(1))] {
-        let p = start(&dir, free_port(), extra);
-        // Workers start when the runtime is built, before the listener answers.
-        assert_eq!(server_threads(p.child.id()), want, "{extra:?} on {cpus} CPUs");
+    /// Flags, environment, worker threads wanted.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], usize);
+    let cases: [Case; 3] = [
+        (&["--in-memory", "--threads", &more], &[], default + 1),
+        (&["--in-memory"], &[("KVPAGES_THREADS", &more)], default + 1),
+        (&["--in-memory"], &[], default),
+    ];
+    for (extra, env, want) in cases {
+        let p = start_with_env("native", &dir, free_port(), extra, env);
+        assert_eq!(server_threads(p.child.id(), want), want, "{extra:?} {env:?}, default {default}");
         // They serve: a save goes through.
         for rank in 0..2 {
             assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages": 4}"#).0, 200);
