@@ -407,11 +407,12 @@ fn server_threads(pid: u32, want: usize) -> usize {
 #[test]
 fn serve_runs_the_worker_threads_it_is_told_or_half_the_cpus() {
     let dir = tmp("threads");
-    let (default, more) = (default_threads(), (default_threads() + 1).to_string());
-    // In memory: recovery and snapshot writes run on the runtime's blocking threads, which
-    // carry the same name.
+    let default = default_threads();
+    let more = (default + 1).to_string();
     /// Flags, environment, worker threads wanted.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], usize);
+    // In memory: recovery and snapshot writes run on the runtime's blocking threads, which
+    // carry the same name.
     let cases: [Case; 3] = [
         (&["--in-memory", "--threads", &more], &[], default + 1),
         (&["--in-memory"], &[("KVPAGES_THREADS", &more)], default + 1),

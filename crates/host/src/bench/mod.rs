@@ -367,7 +367,7 @@ impl InProcess {
     fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name(crate::server::SERVER_THREAD)
+            .thread_name(server::SERVER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
@@ -453,7 +453,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     }
     let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
     let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
-    let threads = args.threads.unwrap_or_else(crate::server::default_threads);
+    let threads = args.threads.unwrap_or_else(server::default_threads);
     let server = InProcess::start(threads, specs, &args.data_dir)?;
     let generator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -689,7 +689,7 @@ struct Raw {
 
 /// CPU time the in-process servers' threads have run so far: the sum of the first field of
 /// Linux's `/proc/self/task/*/schedstat` (nanoseconds on a CPU) over the threads named
-/// [`crate::server::SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
+/// [`server::SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
 pub(super) fn server_cpu() -> Option<Duration> {
     let mut total = 0u64;
     let mut found = false;
@@ -697,7 +697,7 @@ pub(super) fn server_cpu() -> Option<Duration> {
         let dir = task.path();
         // A thread may end between the listing and these reads: skip it.
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
-        if comm.trim_end() != crate::server::SERVER_THREAD {
+        if comm.trim_end() != server::SERVER_THREAD {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
