@@ -10,7 +10,7 @@
 //!   through one handler: body → `wire::parse` → [`kvpages_core::Command`] → engine →
 //!   `Pending::answer`; plus `/health`, SGLang's persistence file import and export.
 //! - `wire`: re-exports of the core's strict JSON decoding for the host's own formats.
-//! - [`bench`]: `kvpages bench`, the load generator (and its transport-only floor route).
+//! - [`bench`](mod@bench): `kvpages bench`, the load generator (and its transport-only floor route).
 //! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
 //! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.
 //! - [`access`]: `--allow` (client address allowlist) and `--admin-token`.
