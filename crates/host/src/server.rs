@@ -30,7 +30,7 @@ pub const SERVER_THREAD: &str = "kvpages-server";
 /// clients (vLLM's scheduler and workers, or the load generator) run on the same host and get
 /// the other half. The engine is one lock, held for microseconds a command, so more workers
 /// add HTTP parsing in parallel, not engine throughput. Measured on 2 CPUs with the load
-/// generator beside it (docs/BENCHMARKS.md, session 22): one worker served the save/load
+/// generator beside it (docs/BENCHMARKS.md, "Threads"): one worker served the save/load
 /// cycle and `get_locations` at 16 connections up to 1.8x the requests of two (one pairing
 /// even), at half the p99.
 pub fn default_threads() -> usize {
