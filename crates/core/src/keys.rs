@@ -971,14 +971,12 @@ mod tests {
         assert_eq!(want, expected, "every stored key at its slot, every other absent");
         // Both ways the batch can run (the pipeline is x86_64's; wasm runs plain loops), on
         // batches that end inside, at and just past a chunk (16 and 32 keys) and the whole query.
+        let (empty, slot, found) = (KeyTable::new(7), |slot: Option<u32>| slot, |slot: Option<u32>| slot.is_some());
         for n in [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, query.len()] {
             let (keys_of, hash_of) = (|j: usize| &keys[query[j] as usize], |j: usize| hash(query[j]));
-            let slot = |slot: Option<u32>| slot;
             assert_eq!(t.find_batch_with::<true, _>(n, keys_of, hash_of, slot), want[..n], "pipelined, {n} keys");
             assert_eq!(t.find_batch_with::<false, _>(n, keys_of, hash_of, slot), want[..n], "plain loops, {n} keys");
             // An empty table answers `f(None)` for every key.
-            let empty = KeyTable::new(7);
-            let found = |slot: Option<u32>| slot.is_some();
             assert_eq!(empty.find_batch_with::<true, _>(n, keys_of, hash_of, found), alloc::vec![false; n]);
             assert_eq!(empty.find_batch_with::<false, _>(n, keys_of, hash_of, found), alloc::vec![false; n]);
         }
