@@ -199,7 +199,8 @@ class _StubServer:
 
 
 def test_client_retry_policy_matches_vllm():
-    """503s are retried (POST included) and visible in urllib3's history; a 4xx is not retried."""
+    """503s are retried (POST included) and visible in urllib3's history; a 4xx is not retried.
+    (That vLLM's own client does the same is checked in test_peer_parity.py.)"""
     with _StubServer([503, 503, 200]) as stub:
         c = MetadataClient(stub.url)
         assert c.batch_key_exists([]) == []

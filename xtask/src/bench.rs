@@ -970,6 +970,8 @@ mod tests {
         let load = read_json(&docs.join("load.json")).unwrap();
         let core = read_json(&docs.join("core.json")).unwrap();
         let points = load["ratios"].as_array().unwrap().len();
+        // The full run's 8 workloads at 4 concurrencies: an empty report would pass the checks below.
+        assert_eq!(points, 32, "the committed load.json has every point");
         let table = load_table(&load);
         assert_eq!(table.lines().count(), 2 + points);
         assert!(table.lines().skip(2).all(|l| l.matches('|').count() == 11), "{table}");

@@ -59,7 +59,7 @@ fn forced_route() -> Result<Option<Route>> {
 }
 
 /// Whether rustup has (or could install within the time limit) wasm32-unknown-unknown.
-fn rustup_target_ready() -> bool {
+pub(crate) fn rustup_target_ready() -> bool {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -225,9 +225,15 @@ pub(crate) fn build_other(used: Route) -> Result<Option<PathBuf>> {
 }
 
 /// Runs the plugin tests (`crates/host/tests/plugin.rs`) against the components the other
-/// route built: both routes' plugins must pass the same tests. (passed, failed).
-pub(crate) fn test_other_route(used: Route) -> Result<(u64, u64)> {
-    let Some(dir) = build_other(used)? else { return Ok((0, 0)) };
+/// route built: both routes' plugins must pass the same tests. `Ok(Ok((passed, failed)))`, or
+/// `Ok(Err(why))` when the other route is not available here.
+pub(crate) fn test_other_route(used: Route) -> Result<std::result::Result<(u64, u64), String>> {
+    let Some(dir) = build_other(used)? else {
+        return Ok(Err(format!(
+            "the plugin tests against the {} route's components (rustup cannot provide wasm32-unknown-unknown here)",
+            used.other().name()
+        )));
+    };
     step(&format!("plugin tests against the {} route's components", used.other().name()));
     let lines = crate::run_capture(cargo().env("KVPAGES_TEST_PLUGIN_DIR", &dir).args([
         "test",
@@ -236,7 +242,11 @@ pub(crate) fn test_other_route(used: Route) -> Result<(u64, u64)> {
         "--test",
         "plugin",
     ]))?;
-    Ok(crate::count_cargo(&lines))
+    let (passed, failed) = crate::count_cargo(&lines)?;
+    if passed == 0 {
+        return Err(format!("the plugin tests against the {} route's components ran no test", used.other().name()));
+    }
+    Ok(Ok((passed, failed)))
 }
 
 /// Loads the plugin in jco (Node.js), a component-model host not written in Rust, and runs an
