@@ -117,8 +117,9 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub plugin_memory_mib: u64,
     /// Seconds (wall-clock) one plugin call may run before it is stopped (a trap, contained), plus
-    /// 0.1 ms per key of a batch and 20 ms per MiB of state for snapshots, restores and pool
-    /// re-creation. Ordinary calls take microseconds; this only stops a runaway one.
+    /// 0.1 ms per key of a batch, 20 ms per MiB of the guest's memory for calls that walk the
+    /// whole state (snapshot, initialize, clear, reset, ...) and 100 ms per MiB of a snapshot
+    /// being restored. Ordinary calls take microseconds; this only stops a runaway one.
     #[arg(long, env = "KVPAGES_PLUGIN_BUDGET", default_value = "1", value_parser = parse_seconds)]
     pub plugin_budget: Duration,
     /// TP world size: a key is complete when ranks 0..N-1 all confirmed it, and ranks >= N are
@@ -128,11 +129,14 @@ pub struct ServeArgs {
     /// Largest request body in bytes (larger ones get 413). A 1,250-key lookup is ~45 KB.
     #[arg(long, env = "KVPAGES_MAX_BODY", default_value_t = 16 * 1024 * 1024)]
     pub max_body: usize,
-    /// Seconds a request may take before it is answered 503 (the peers' clients set no timeout).
+    /// Seconds a request may wait: for its body (then 408), for the engine or, when durable, for
+    /// its log record (then 503). A plugin call already running is bounded by --plugin-budget.
+    /// The peers' clients set no timeout.
     #[arg(long, env = "KVPAGES_REQUEST_TIMEOUT", default_value = "5", value_parser = parse_seconds)]
     pub request_timeout: Duration,
-    /// Seconds an allocated page stays reserved without a confirm; then it is free again and a
-    /// late confirm is refused.
+    /// Seconds an allocated page stays reserved without a confirm; then it is taken back
+    /// (quarantined for --quarantine, free at once with --quarantine 0) and a late confirm is
+    /// refused.
     #[arg(long, env = "KVPAGES_RESERVATION_TTL", default_value = "60", value_parser = parse_seconds)]
     pub reservation_ttl: Duration,
     /// Seconds a `get_locations` answer (and an allocate cache hit) protects the returned pages
