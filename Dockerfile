@@ -1,5 +1,6 @@
-# kvpages in a container: a multi-stage build with the same steps as `cargo xtask serve`
-# (build the wasm plugin the server embeds, then the release binary), and a small runtime image.
+# kvpages in a container: a multi-stage build (the wasm plugin the server embeds, then the
+# release binary; unlike `cargo xtask serve`, not the browser simulator, so /simulator/ says it
+# was built without it), and a small runtime image.
 #
 #   docker build -t kvpages .
 #   docker run -d --name kvpages -p 18000:18000 -v kvpages-data:/var/lib/kvpages \
