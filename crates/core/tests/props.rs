@@ -308,6 +308,7 @@ proptest! {
         s in settings(),
         ops in prop::collection::vec(op(), 0..60),
         rank in 0..4u32,
+        num_pages in prop_oneof![6 => 1..6u32, 2 => 8..13u32],
         batch in prop::collection::vec(0..8u8, 0..8),
     ) {
         let mut core = Core::new(3, s);
@@ -318,10 +319,18 @@ proptest! {
             it.observe(&cmd, &reply);
         }
         let space = Space::Vllm;
-        // Let the clock act first, so the free list read below is the one the allocation sees.
-        if core.apply(it.now, &Command::Allocate { space: space.clone(), rank, keys: vec![] }).is_err() {
-            return Ok(()); // rank not initialized: covered elsewhere
+        // Every case checks the rule: a rank outside the TP world could never be initialized, so
+        // the drawn rank is taken inside it, and a rank the ops left uninitialized (or cleared)
+        // joins now, with a size the ops could have given it. (Allocating on a missing rank is
+        // a refusal, covered elsewhere.)
+        let rank = s.world_size.map_or(rank, |world| rank % world);
+        if core.free_list(&space, rank).is_none() {
+            let init = Command::Initialize { space: space.clone(), rank, num_pages };
+            prop_assert!(core.apply(it.now, &init).is_ok(), "initialize rank {} with {} pages", rank, num_pages);
         }
+        // Let the clock act first, so the free list read below is the one the allocation sees.
+        let settle = core.apply(it.now, &Command::Allocate { space: space.clone(), rank, keys: vec![] });
+        prop_assert!(settle.is_ok(), "an empty allocation on initialized rank {}: {:?}", rank, settle);
         let settings = core.settings();
         let keys: Vec<Key> = batch.iter().map(|&i| key(i)).collect();
         let free = core.free_list(&space, rank).unwrap();
@@ -556,11 +565,30 @@ proptest! {
 
     /// Two keys are equal exactly when their texts are.
     #[test]
-    fn key_equality_is_text_equality(a in "[0-9a-fA-F]{31,33}", b in "[0-9a-fA-F]{31,33}") {
+    fn key_equality_is_text_equality((a, b) in key_text_pairs()) {
         let (ka, kb) = (Key::parse(&a).unwrap(), Key::parse(&b).unwrap());
         prop_assert_eq!(ka == kb, a == b);
         prop_assert_eq!(Key::parse(&a.to_lowercase()).unwrap() == ka, a == a.to_lowercase());
     }
+}
+
+/// Two key texts of about the packed length: the same text, the other case of it, one character
+/// changed, or an independent text. Two independent draws are practically never equal, so
+/// without the first three both halves of "equal exactly when the texts are" would not be
+/// tested: equal texts, and texts one packed nibble or one letter's case apart. `a` is all
+/// lowercase half the time, so that packed keys (32 lowercase digits) are common too.
+fn key_text_pairs() -> impl Strategy<Value = (String, String)> {
+    let text = || "[0-9a-fA-F]{31,33}";
+    prop_oneof!["[0-9a-f]{31,33}", text()].prop_flat_map(move |a| {
+        let n = a.len();
+        let (upper, lower) = (a.to_uppercase(), a.to_lowercase());
+        let one_changed = (0..n, "[0-9a-fA-F]").prop_map({
+            let a = a.clone();
+            move |(i, c)| format!("{}{c}{}", &a[..i], &a[i + 1..])
+        });
+        let b = prop_oneof![Just(a.clone()), Just(upper), Just(lower), one_changed, text()];
+        (Just(a), b)
+    })
 }
 
 #[test]

@@ -416,19 +416,18 @@ mod tests {
             let keys: Vec<Key> = (0..1 + x % 4).map(|i| key((x >> 16).wrapping_add(i) % 30)).collect();
             match step % 5 {
                 0 | 1 => {
-                    if let Ok(Reply::Allocated(a)) =
-                        core.apply(now, &Command::Allocate { space: Space::Vllm, rank, keys: keys.clone() })
-                    {
-                        let confirmations = a
-                            .iter()
-                            .filter(|a| !a.cached && !x.is_multiple_of(3))
-                            .filter_map(|a| Some((keys[a.index as usize].clone(), a.page?)))
-                            .collect();
-                        let _ = core.apply(
-                            now,
-                            &Command::Confirm { space: Space::Vllm, rank, confirmations, releases: Vec::new() },
-                        );
-                    }
+                    // Both ranks are initialized, so an allocation always answers (-1 included).
+                    let got = core.apply(now, &Command::Allocate { space: Space::Vllm, rank, keys: keys.clone() });
+                    let Ok(Reply::Allocated(a)) = got else { panic!("step {step}: allocate answered {got:?}") };
+                    let confirmations = a
+                        .iter()
+                        .filter(|a| !a.cached && !x.is_multiple_of(3))
+                        .filter_map(|a| Some((keys[a.index as usize].clone(), a.page?)))
+                        .collect();
+                    let _ = core.apply(
+                        now,
+                        &Command::Confirm { space: Space::Vllm, rank, confirmations, releases: Vec::new() },
+                    );
                 }
                 2 => {
                     let _ = core.apply(now, &Command::Locations { space: Space::Vllm, rank, keys });
@@ -441,6 +440,42 @@ mod tests {
                 }
             }
         }
+        // The walk leaves committed, partial and quarantined pages, but it need not leave a key
+        // complete on both ranks (only those take read leases), and its last reservations may all
+        // have run out by `now`: end with a complete key under a lease, and a reservation still
+        // pending on each rank. (The walk's keys are `key(0..30)`, so these three are fresh.)
+        let (space, done) = (Space::Vllm, key(1001));
+        for rank in 0..2 {
+            let got =
+                core.apply(now, &Command::Allocate { space: space.clone(), rank, keys: alloc::vec![done.clone()] });
+            let Ok(Reply::Allocated(a)) = got else { panic!("rank {rank}: allocate answered {got:?}") };
+            let page = a[0].page.expect("a page for a fresh key");
+            let confirm = Command::Confirm {
+                space: space.clone(),
+                rank,
+                confirmations: alloc::vec![(done.clone(), page)],
+                releases: Vec::new(),
+            };
+            core.apply(now, &confirm).unwrap();
+        }
+        core.apply(now, &Command::Locations { space: space.clone(), rank: 0, keys: alloc::vec![done] }).unwrap();
+        for (rank, k) in [(0, 999), (1, 1000)] {
+            let got = core.apply(now, &Command::Allocate { space: space.clone(), rank, keys: alloc::vec![key(k)] });
+            assert!(matches!(got, Ok(Reply::Allocated(_))), "rank {rank}: allocate answered {got:?}");
+        }
+        // The tests below are only as good as this state: check it has every kind the comment
+        // promises, so a change to the walk (or to the rules it runs into) cannot quietly leave
+        // a kind out of what the snapshot is tested on.
+        let stats = core.stats();
+        let ranks = &stats.spaces[0].ranks;
+        let total = |count: fn(&PageCounts) -> u32| ranks.iter().map(|r| count(&r.pages)).sum::<u32>();
+        assert!(total(|c| c.committed) > 0, "no committed page: {ranks:?}");
+        assert!(total(|c| c.reserved) > 0, "no reserved page: {ranks:?}");
+        assert!(total(|c| c.leased) > 0, "no leased page: {ranks:?}");
+        assert!(total(|c| c.quarantined) > 0, "no quarantined page: {ranks:?}");
+        // Partial: committed on one rank of the two only.
+        let sp = &core.spaces[&space];
+        assert!(sp.keys.entries().any(|(_, e)| e.pages.len() == 1), "no key is committed on one rank only");
         (core, now)
     }
 
@@ -524,15 +559,21 @@ mod tests {
                 core.apply(1, &Command::Initialize { space: space.clone(), rank, num_pages: 64 }).unwrap();
             }
             let keys: Vec<Key> = (0..40).map(|k| key(k + 100 * i as u64)).collect();
-            if let Ok(Reply::Allocated(a)) =
-                core.apply(2, &Command::Allocate { space: space.clone(), rank: 1, keys: keys.clone() })
-            {
+            // Every other key committed on every rank (complete: a lookup leases it), the rest
+            // left reserved.
+            for rank in 0..3 {
+                let got = core.apply(2, &Command::Allocate { space: space.clone(), rank, keys: keys.clone() });
+                let Ok(Reply::Allocated(a)) = got else { panic!("{space:?}: allocate answered {got:?}") };
                 let confirmations =
                     a.iter().step_by(2).filter_map(|a| Some((keys[a.index as usize].clone(), a.page?))).collect();
-                core.apply(3, &Command::Confirm { space: space.clone(), rank: 1, confirmations, releases: Vec::new() })
+                core.apply(3, &Command::Confirm { space: space.clone(), rank, confirmations, releases: Vec::new() })
                     .unwrap();
             }
             core.apply(4, &Command::Locations { space: space.clone(), rank: 1, keys }).unwrap();
+        }
+        for sp in &core.stats().spaces {
+            let total = |count: fn(&PageCounts) -> u32| sp.ranks.iter().map(|r| count(&r.pages)).sum::<u32>();
+            assert_eq!((total(|c| c.leased), total(|c| c.reserved)), (60, 60), "{sp:?}");
         }
         assert_eq!(core.snapshot(), owned_image(&core));
     }
