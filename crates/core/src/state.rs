@@ -417,6 +417,11 @@ impl SpaceState {
     }
 
     /// Gives `slot` a read lease until `now + duration` (or longer, if it has one already).
+    /// Most reads extend a lease (a key read again soon), so that part is inlined into
+    /// `get_locations`' per-key loop and a lease's start is a call of its own: through the
+    /// plugin a 32-key `get_locations` ran 26.9k → 25.8k instructions (one wasm call less a
+    /// key), natively 11.6k either way (`examples/instructions.rs`, callgrind).
+    #[inline]
     fn lease(&mut self, slot: u32, now: Millis, duration: Millis) {
         if duration == 0 {
             return;
@@ -424,15 +429,33 @@ impl SpaceState {
         let at = now.saturating_add(duration);
         let until = self.leases.until(slot);
         if until == 0 {
-            for (rank, _) in self.keys.get(slot).pages.iter() {
-                self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(1);
-            }
-            self.leases.set_until(slot, at);
-            self.leases.start(at, slot);
-            self.keys.leave_candidates(slot);
+            self.start_lease(slot, at);
         } else if at > until {
             self.leases.set_until(slot, at);
         }
+    }
+
+    /// [`SpaceState::lease`] and a touch for each of `allocate`'s cache hits. Its own function
+    /// in the guest: with the lease inlined into `allocate`'s handler, the plugin's 32-key
+    /// saves (which hit nothing) ran +0.3k instructions.
+    #[cfg_attr(target_arch = "wasm32", inline(never))]
+    fn lease_hits(&mut self, hits: &[Option<(u32, u32)>], now: Millis, duration: Millis) {
+        for &(slot, _) in hits.iter().flatten() {
+            self.lease(slot, now, duration);
+            self.keys.touch(slot);
+        }
+    }
+
+    /// [`SpaceState::lease`] for a key that holds none: its pages count as leased, it waits in
+    /// the lease queue, and it is no eviction candidate until the lease ends.
+    #[cfg_attr(target_arch = "wasm32", inline(never))]
+    fn start_lease(&mut self, slot: u32, at: Millis) {
+        for (rank, _) in self.keys.get(slot).pages.iter() {
+            self.ranks.get_mut(&rank).expect("key's rank exists").add_leased(1);
+        }
+        self.leases.set_until(slot, at);
+        self.leases.start(at, slot);
+        self.keys.leave_candidates(slot);
     }
 
     /// Ends `slot`'s lease; `rejoin`: put it back among the eviction candidates now (else the
@@ -709,10 +732,7 @@ impl Core {
             })
             .collect();
         // A cache hit is written again into its page: protect it, and it is now recently used.
-        for &(slot, _) in hits.iter().flatten() {
-            sp.lease(slot, now, settings.read_lease);
-            sp.keys.touch(slot);
-        }
+        sp.lease_hits(&hits, now, settings.read_lease);
         let fresh = hits.iter().filter(|h| h.is_none()).count() as u32;
         if settings.eviction == Eviction::Lru && fresh > 0 {
             let counts = sp.ranks[&rank].counts();
