@@ -165,7 +165,7 @@ fn count_cargo(lines: &[String]) -> Result<(u64, u64)> {
     }
     if ignored != named.len() as u64 {
         return Err(format!(
-            "cargo reported {ignored} ignored tests but named {} (has its output format changed?)",
+            "cargo reported {ignored} ignored tests but named {} (is the harness quiet, e.g. CARGO_TERM_QUIET? it must print a line a test)",
             named.len()
         ));
     }

@@ -60,15 +60,20 @@ fn forced_route() -> Result<Option<Route>> {
 
 /// Whether rustup has (or could install within the time limit) wasm32-unknown-unknown.
 pub(crate) fn rustup_target_ready() -> bool {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "wasm32-unknown-unknown"));
-    installed
-        || run_with_timeout(
-            Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]),
-            Duration::from_secs(300),
-        )
+    // Asked up to three times a run (the route, the other route, the simulator's unit tests):
+    // one try of up to 5 minutes, not three.
+    static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READY.get_or_init(|| {
+        let installed = Command::new("rustup")
+            .args(["target", "list", "--installed"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "wasm32-unknown-unknown"));
+        installed
+            || run_with_timeout(
+                Command::new("rustup").args(["target", "add", "wasm32-unknown-unknown"]),
+                Duration::from_secs(300),
+            )
+    })
 }
 
 /// Installs Debian's rustc-web, its library sources and wasm-ld, if missing.
