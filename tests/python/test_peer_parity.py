@@ -276,11 +276,14 @@ def test_vllm_client_retry_policy_is_the_one_metadata_client_has(peer):
         ):
             with _StubServer(statuses) as stub:
                 c = make(stub.url)
-                if statuses[-1] == 200:
-                    assert c.batch_key_exists([]) == [], (name, statuses)
-                else:
-                    with pytest.raises(error):
-                        c.batch_key_exists([])
+                try:
+                    if statuses[-1] == 200:
+                        assert c.batch_key_exists([]) == [], (name, statuses)
+                    else:
+                        with pytest.raises(error):
+                            c.batch_key_exists([])
+                finally:
+                    c._session.close()
                 assert stub.count == requests_made, (name, statuses, stub.count)
 
 
