@@ -398,6 +398,11 @@ mod tests {
         }
     }
 
+    /// `count` of each rank's pages, summed over `ranks`.
+    fn page_total(ranks: &[crate::command::RankStats], count: fn(&PageCounts) -> u32) -> u32 {
+        ranks.iter().map(|r| count(&r.pages)).sum()
+    }
+
     /// A core with every kind of state: committed, partial, reserved, leased, quarantined keys.
     fn busy_core() -> (Core, u64) {
         let settings = Settings { read_lease: 50, quarantine: 30, reservation_ttl: 20, ..Settings::default() };
@@ -468,7 +473,7 @@ mod tests {
         // a kind out of what the snapshot is tested on.
         let stats = core.stats();
         let ranks = &stats.spaces[0].ranks;
-        let total = |count: fn(&PageCounts) -> u32| ranks.iter().map(|r| count(&r.pages)).sum::<u32>();
+        let total = |count| page_total(ranks, count);
         assert!(total(|c| c.committed) > 0, "no committed page: {ranks:?}");
         assert!(total(|c| c.reserved) > 0, "no reserved page: {ranks:?}");
         assert!(total(|c| c.leased) > 0, "no leased page: {ranks:?}");
@@ -572,7 +577,7 @@ mod tests {
             core.apply(4, &Command::Locations { space: space.clone(), rank: 1, keys }).unwrap();
         }
         for sp in &core.stats().spaces {
-            let total = |count: fn(&PageCounts) -> u32| sp.ranks.iter().map(|r| count(&r.pages)).sum::<u32>();
+            let total = |count| page_total(&sp.ranks, count);
             assert_eq!((total(|c| c.leased), total(|c| c.reserved)), (60, 60), "{sp:?}");
         }
         assert_eq!(core.snapshot(), owned_image(&core));
