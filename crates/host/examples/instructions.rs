@@ -25,9 +25,8 @@
 //! echo $(( ($(tc NativeEngine native allocate 2000) - $(tc NativeEngine native allocate 0)) / 2000 ))
 //! ```
 //! With `--cache-sim=yes` added, the `summary` line also counts first-level instruction-cache
-//! misses (its fourth number, `I1mr`; the `events:` line names them): instruction
-//! counts do not see that a 32-key save through the plugin touches more code than a 32 KiB L1i
-//! holds (~1,360 misses through the plugin, ~80 natively; docs/bench-history.md, session 25).
+//! misses (its fourth number, `I1mr`; the `events:` line names them), which instruction counts
+//! do not show (the plugin's figures: docs/bench-history.md, session 25).
 //! `--smc-check` lets valgrind follow the code Cranelift writes at run time; `cg_diff` of two
 //! `--cachegrind-out-file`s splits the difference by function (the plugin's compiled code shows
 //! as `???`). `KVPAGES_PLUGIN=PATH` runs another component instead of the embedded one.
