@@ -43,12 +43,15 @@
 //! table out of the caches, as a server's calls can (its network stack runs in between). For
 //! example `THRASH=4 $X native locations 30000`.
 //!
-//! Usage: `instructions native|wasm allocate|exists|locations|full ITERATIONS [BATCH=32]`
+//! Usage: `instructions native|wasm allocate|exists|locations|full|snapshot ITERATIONS [BATCH=32]`
 //! - `allocate`: `allocate` of BATCH fresh keys, then `confirm` of their pages (a save);
 //! - `exists` / `locations`: BATCH keys drawn from the 16,384 (or `STORED`) stored ones (a
 //!   lookup, a load);
 //! - `full`: `allocate` of BATCH fresh keys on a full 1,024-page rank with eviction off, every
-//!   page -1 (the bench's `pool-full`).
+//!   page -1 (the bench's `pool-full`);
+//! - `snapshot`: a snapshot of the whole state (the STORED keys; BATCH is unused), timed
+//!   (`snapshot: N ms a call`): what a recovery snapshot of the plugin, or a durable one,
+//!   holds the engine for. For example `STORED=1000000 $X wasm snapshot 5`.
 
 use kvpages_core::{Command, Eviction, Key, Reply, Settings, Space};
 use kvpages_host::engine::{Engine, NativeEngine};
@@ -88,7 +91,9 @@ fn save(e: &mut dyn Engine, now: u64, rank: u32, keys: Vec<Key>) -> Result<(), S
 
 fn run(args: &[String]) -> Result<(), String> {
     let [engine_name, workload, iterations, rest @ ..] = args else {
-        return Err("usage: instructions native|wasm allocate|exists|locations|full ITERATIONS [BATCH=32]".into());
+        return Err(
+            "usage: instructions native|wasm allocate|exists|locations|full|snapshot ITERATIONS [BATCH=32]".into()
+        );
     };
     let iterations: u64 = iterations.parse().map_err(|e| format!("ITERATIONS: {e}"))?;
     let batch: usize = rest.first().map_or(Ok(32), |b| b.parse()).map_err(|e| format!("BATCH: {e}"))?;
@@ -107,6 +112,7 @@ fn run(args: &[String]) -> Result<(), String> {
     };
     let mut thrash = vec![0u8; env_number("THRASH", 0)? << 20];
     let mut apply_time = std::time::Duration::ZERO;
+    let mut snapshot_bytes = 0;
     for chunk in stored.chunks(128) {
         save(e.as_mut(), 1, 0, chunk.to_vec())?;
     }
@@ -153,11 +159,23 @@ fn run(args: &[String]) -> Result<(), String> {
                 std::hint::black_box(e.apply(now, &cmd).map_err(|err| format!("{workload}: {err:?}"))?);
                 apply_time += start.elapsed();
             }
-            other => return Err(format!("workload {other:?}: expected allocate, exists, locations or full")),
+            "snapshot" => {
+                let start = std::time::Instant::now();
+                let bytes = e.snapshot().map_err(|err| format!("snapshot: {err:?}"))?;
+                apply_time += start.elapsed();
+                snapshot_bytes = bytes.len();
+            }
+            other => {
+                return Err(format!("workload {other:?}: expected allocate, exists, locations, full or snapshot"));
+            }
         }
     }
     if matches!(workload.as_str(), "exists" | "locations") && iterations > 0 {
         eprintln!("apply: {} ns a call", apply_time.as_nanos() / u128::from(iterations));
+    }
+    if workload == "snapshot" && iterations > 0 {
+        let ms = apply_time.as_secs_f64() * 1e3 / iterations as f64;
+        eprintln!("snapshot: {ms:.1} ms a call, {snapshot_bytes} bytes of {} stored keys", stored.len());
     }
     Ok(())
 }

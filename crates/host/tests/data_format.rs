@@ -1,10 +1,11 @@
-//! The data directory across releases. `tests/data/format-1/` is a data directory written by
-//! format 1 (a snapshot, then a log segment with every kind of command the log holds, in both
-//! spaces, hex and verbatim keys); `tests/data/format-1.expected.json` is the state it holds.
-//! Every later build must recover that directory to exactly that state, with both engines: a
-//! change that breaks reading old data directories fails here. Never regenerate them: a new
-//! format gets its own golden directory and an upgrade step from the previous one (see
-//! `durable::FORMATS`); this one stays.
+//! The data directory across releases. `tests/data/format-N/` is a data directory written by
+//! format N (a snapshot, then a log segment with every kind of command the log holds, in both
+//! spaces, hex and verbatim keys); `tests/data/format-N.expected.json` is the state it holds.
+//! Every later build must recover each of them to exactly that state, with both engines (the
+//! older ones through the upgrade steps of `durable::FORMATS`): a change that breaks reading old
+//! data directories fails here. Never regenerate them: a new format gets its own golden
+//! directory and an upgrade step from the previous one; the old ones stay. Format 2 (session
+//! 26) changed only the core's snapshot bytes inside `snapshot-*.bin`.
 //!
 //! `KVPAGES_WRITE_GOLDEN=DIR cargo test -p kvpages-host --test data_format -- --ignored` writes
 //! the directory and its expected state with today's writer into DIR (how the committed ones
@@ -184,14 +185,13 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// Every file of `dir` with its bytes, sorted by name.
+/// Every file of `dir` (not its directories) with its bytes, sorted by name.
 fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap())
-        })
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_file())
+        .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
         .collect();
     out.sort();
     out
@@ -219,17 +219,23 @@ fn recover(dir: &Path, kind: EngineKind) -> Box<dyn Engine> {
     engine
 }
 
+/// The golden directory's file names (every format's so far).
+const NAMES: [&str; 4] =
+    ["FORMAT", "snapshot-00000000000000000011.bin", "wal-00000000000000000001.log", "wal-00000000000000000012.log"];
+
+fn names(files: &[(String, Vec<u8>)]) -> Vec<&str> {
+    files.iter().map(|(n, _)| n.as_str()).collect()
+}
+
 #[test]
-fn the_format_1_golden_directory_recovers_to_exactly_its_state() {
-    let want = std::fs::read_to_string(golden().join("format-1.expected.json")).unwrap();
-    let before = files(&golden().join("format-1"));
-    assert_eq!(
-        before.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        ["FORMAT", "snapshot-00000000000000000011.bin", "wal-00000000000000000001.log", "wal-00000000000000000012.log"]
-    );
+fn the_current_golden_directory_recovers_to_exactly_its_state() {
+    let current = format!("format-{}", durable::FORMAT_VERSION);
+    let want = std::fs::read_to_string(golden().join(format!("{current}.expected.json"))).unwrap();
+    let before = files(&golden().join(&current));
+    assert_eq!(names(&before), NAMES);
     for kind in [EngineKind::Native, EngineKind::Wasm] {
         let dir = tmp(&format!("golden-{kind}"));
-        copy_dir(&golden().join("format-1"), &dir);
+        copy_dir(&golden().join(&current), &dir);
         let mut engine = recover(&dir, kind);
         assert_eq!(state(&mut *engine), want, "{kind} engine");
         // Opening and recovering changed no file of it.
@@ -239,16 +245,41 @@ fn the_format_1_golden_directory_recovers_to_exactly_its_state() {
 }
 
 #[test]
-fn todays_writer_still_writes_format_1_byte_for_byte() {
+fn the_format_1_golden_directory_is_upgraded_and_recovers_to_exactly_its_state() {
+    let want = std::fs::read_to_string(golden().join("format-1.expected.json")).unwrap();
+    let before = files(&golden().join("format-1"));
+    assert_eq!(names(&before), NAMES);
+    let current = files(&golden().join(format!("format-{}", durable::FORMAT_VERSION)));
+    for kind in [EngineKind::Native, EngineKind::Wasm] {
+        let dir = tmp(&format!("golden-1-{kind}"));
+        copy_dir(&golden().join("format-1"), &dir);
+        let mut engine = recover(&dir, kind);
+        assert_eq!(state(&mut *engine), want, "{kind} engine");
+        // The upgraded directory is byte for byte what today's writer writes (its snapshot
+        // rewritten in the core's current snapshot format, the log copied), and format 1's
+        // files are kept as they were in `format-1/`.
+        assert_eq!(files(&dir), current);
+        assert_eq!(files(&dir.join("format-1")), before);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn todays_writer_writes_the_current_format_byte_for_byte() {
     // If this fails, what kvpages writes changed: bump `durable::FORMAT_VERSION`, add an upgrade
-    // step from format 1 and a golden directory of the new format; keep format 1's.
+    // step from the current format and a golden directory of the new one; keep the old ones.
     let dir = tmp("writer");
     write_dir(&dir);
-    let golden = files(&golden().join("format-1"));
+    let golden = files(&golden().join(format!("format-{}", durable::FORMAT_VERSION)));
     let written = files(&dir);
     for ((gn, gb), (wn, wb)) in golden.iter().zip(&written) {
         assert_eq!(gn, wn);
-        assert!(gb == wb, "{gn}: today's writer writes other bytes than format 1 ({} vs {} bytes)", wb.len(), gb.len());
+        assert!(
+            gb == wb,
+            "{gn}: today's writer writes other bytes than the golden ({} vs {} bytes)",
+            wb.len(),
+            gb.len()
+        );
     }
     assert_eq!(golden.len(), written.len());
     std::fs::remove_dir_all(&dir).unwrap();
@@ -257,7 +288,7 @@ fn todays_writer_still_writes_format_1_byte_for_byte() {
 #[test]
 fn a_golden_directory_from_the_future_or_with_a_garbage_format_is_refused() {
     for (text, want) in [
-        ("kvpages-data 2\n", "has format version 2, written by a newer kvpages; this kvpages reads version 1"),
+        ("kvpages-data 3\n", "has format version 3, written by a newer kvpages; this kvpages reads version 2"),
         ("kvpages-data two\n", "its FORMAT file reads \"kvpages-data two\\n\", not \"kvpages-data N\""),
         ("\u{0}\u{0}\u{0}", "not \"kvpages-data N\": it is not a kvpages data directory, or a damaged one"),
     ] {
