@@ -20,9 +20,13 @@
 //! A snapshot is taken when the time spent applying the journaled commands reaches
 //! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least
 //! [`MIN_JOURNAL_UNITS`] commands + keys), or when the journal reaches [`MAX_JOURNAL_UNITS`]: so
-//! snapshots cost at most ~1/`SNAPSHOT_RATIO` of the command time whatever the state's size, the
-//! journal's memory is bounded (~17–21 bytes a unit for 32-hex keys), and a recovery replays in about
-//! `SNAPSHOT_RATIO` snapshot times.
+//! the journal's memory is bounded (~17–21 bytes a unit for 32-hex keys), a recovery replays in
+//! about `SNAPSHOT_RATIO` snapshot times at most, and snapshots cost ~1/`SNAPSHOT_RATIO` of the
+//! command time until the cap binds first. It does once a snapshot takes more than a
+//! `SNAPSHOT_RATIO`th of the time 4 Mi units take to apply (~0.5 s of saves): from a few hundred
+//! thousand stored keys on. Measured in the server under the bench's saves (up to 10^6 keys,
+//! session 26): snapshots took 9–10 % of the command time, pauses of up to ~50 ms (15–34 % and
+//! up to 200 ms before the core's snapshot format 2).
 
 mod convert;
 mod journal;
