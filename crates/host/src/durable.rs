@@ -156,7 +156,9 @@ pub const FORMATS: Formats = Formats { current: FORMAT_VERSION, upgrades: &[Upgr
 /// format 2 (its key table and page tables as fixed-width records, ~3× faster to write through
 /// the plugin; see `kvpages-core`'s `state/snapshot.rs`). Each snapshot is restored (the core
 /// still reads its format 1) and written again; the log segments, and any other file, are
-/// copied as they are.
+/// copied as they are. So is a snapshot that does not restore: recovery then refuses it with
+/// its usual advice, as it did before the upgrade (the core reads both snapshot formats, so a
+/// copied one is no less readable).
 fn upgrade_from_1(dir: &Path, staging: &Path) -> Result<(), String> {
     let at = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
     let snapshots = numbered(dir, "snapshot-", ".bin").map_err(|e| at(dir, e))?;
@@ -165,17 +167,19 @@ fn upgrade_from_1(dir: &Path, staging: &Path) -> Result<(), String> {
         if name == "FORMAT" || name == STAGING || path.is_dir() {
             continue;
         }
-        match snapshots.iter().find(|(_, p)| *p == path) {
-            Some(&(seq, _)) => {
-                let bytes = fs::read(&path).map_err(|e| at(&path, e))?;
-                let body = parse_snapshot(&bytes, seq).map_err(|why| format!("{}: {why}", path.display()))?;
-                let core = kvpages_core::Core::restore(body).map_err(|e| format!("{}: {e}", path.display()))?;
-                write_snapshot_file(staging, seq, &core.snapshot()).map_err(|e| at(staging, e))?;
-            }
-            None => {
-                fs::copy(&path, staging.join(&name)).map_err(|e| at(&path, e))?;
+        if let Some(&(seq, _)) = snapshots.iter().find(|(_, p)| *p == path) {
+            let bytes = fs::read(&path).map_err(|e| at(&path, e))?;
+            let restored = parse_snapshot(&bytes, seq)
+                .and_then(|body| kvpages_core::Core::restore(body).map_err(|e| e.to_string()));
+            match restored {
+                Ok(core) => {
+                    write_snapshot_file(staging, seq, &core.snapshot()).map_err(|e| at(staging, e))?;
+                    continue;
+                }
+                Err(why) => tracing::warn!("upgrade: {} does not restore ({why}); copied as it is", path.display()),
             }
         }
+        fs::copy(&path, staging.join(&name)).map_err(|e| at(&path, e))?;
     }
     Ok(())
 }
@@ -1067,6 +1071,27 @@ mod tests {
         assert_eq!(fs::read_to_string(e.join("FORMAT")).unwrap(), "kvpages-data 1\n");
         fs::remove_dir_all(&d).unwrap();
         fs::remove_dir_all(&e).unwrap();
+    }
+
+    #[test]
+    fn the_step_from_format_1_copies_a_snapshot_that_does_not_restore() {
+        // `v1_dir`'s snapshot is the bytes "snap": recovery must go on refusing it with its
+        // advice, as format 1 did, instead of the upgrade failing on it.
+        let d = v1_dir("upgrade-real");
+        open_dir(&d).unwrap();
+        let t = |s: &str| s.as_bytes().to_vec();
+        let want = vec![
+            ("FORMAT".to_owned(), format_text(FORMAT_VERSION).into_bytes()),
+            ("format-1/FORMAT".into(), t("kvpages-data 1\n")),
+            ("format-1/snapshot-00000000000000000007.bin".into(), t("snap")),
+            ("format-1/wal-00000000000000000001.log".into(), t("log")),
+            ("snapshot-00000000000000000007.bin".into(), t("snap")),
+            ("wal-00000000000000000001.log".into(), t("log")),
+        ];
+        assert_eq!(tree(&d), want);
+        let err = recover(&d).unwrap_err();
+        assert!(err.contains("is damaged (not a kvpages snapshot file)") && err.contains("Move it aside"), "{err}");
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
