@@ -1015,6 +1015,17 @@ mod tests {
         out
     }
 
+    /// `v1_dir`'s files as an upgrade keeps them, by relative path.
+    fn v1_backup() -> Vec<(String, Vec<u8>)> {
+        [
+            ("FORMAT", "kvpages-data 1\n"),
+            ("snapshot-00000000000000000007.bin", "snap"),
+            ("wal-00000000000000000001.log", "log"),
+        ]
+        .map(|(name, bytes)| (format!("format-1/{name}"), bytes.as_bytes().to_vec()))
+        .to_vec()
+    }
+
     fn v1_dir(name: &str) -> PathBuf {
         let d = tmp(name);
         open_dir_with(&d, &Formats { current: 1, upgrades: &[] }, &mut |_| Ok(())).unwrap();
@@ -1033,17 +1044,18 @@ mod tests {
         })
         .unwrap();
         let t = |s: &str| s.as_bytes().to_vec();
-        let want = vec![
-            ("FORMAT".to_owned(), t("kvpages-data 3\n")),
-            ("format-1/FORMAT".into(), t("kvpages-data 1\n")),
-            ("format-1/snapshot-00000000000000000007.bin".into(), t("snap")),
-            ("format-1/wal-00000000000000000001.log".into(), t("log")),
-            ("format-2/FORMAT".into(), t("kvpages-data 2\n")),
-            ("format-2/snapshot-00000000000000000007.bin".into(), t("v2:snap")),
-            ("format-2/wal-00000000000000000001.log".into(), t("v2:log")),
-            ("snapshot-00000000000000000007.bin.3".into(), t("v2:snap")),
-            ("wal-00000000000000000001.log.3".into(), t("v2:log")),
-        ];
+        let want = [
+            vec![("FORMAT".to_owned(), t("kvpages-data 3\n"))],
+            v1_backup(),
+            vec![
+                ("format-2/FORMAT".into(), t("kvpages-data 2\n")),
+                ("format-2/snapshot-00000000000000000007.bin".into(), t("v2:snap")),
+                ("format-2/wal-00000000000000000001.log".into(), t("v2:log")),
+                ("snapshot-00000000000000000007.bin.3".into(), t("v2:snap")),
+                ("wal-00000000000000000001.log.3".into(), t("v2:log")),
+            ],
+        ]
+        .concat();
         assert_eq!(tree(&d), want);
         // Two steps, each with the same points.
         let step = [
@@ -1080,14 +1092,15 @@ mod tests {
         let d = v1_dir("upgrade-real");
         open_dir(&d).unwrap();
         let t = |s: &str| s.as_bytes().to_vec();
-        let want = vec![
-            ("FORMAT".to_owned(), format_text(FORMAT_VERSION).into_bytes()),
-            ("format-1/FORMAT".into(), t("kvpages-data 1\n")),
-            ("format-1/snapshot-00000000000000000007.bin".into(), t("snap")),
-            ("format-1/wal-00000000000000000001.log".into(), t("log")),
-            ("snapshot-00000000000000000007.bin".into(), t("snap")),
-            ("wal-00000000000000000001.log".into(), t("log")),
-        ];
+        let want = [
+            vec![("FORMAT".to_owned(), format_text(FORMAT_VERSION).into_bytes())],
+            v1_backup(),
+            vec![
+                ("snapshot-00000000000000000007.bin".into(), t("snap")),
+                ("wal-00000000000000000001.log".into(), t("log")),
+            ],
+        ]
+        .concat();
         assert_eq!(tree(&d), want);
         let err = recover(&d).unwrap_err();
         assert!(err.contains("is damaged (not a kvpages snapshot file)") && err.contains("Move it aside"), "{err}");
