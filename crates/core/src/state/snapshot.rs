@@ -276,10 +276,16 @@ impl<'a> Reader<'a> {
     /// (so a forged count cannot make the reader allocate for records that are not there).
     fn count(&mut self, min: usize) -> Result<usize, String> {
         let n: usize = self.take()?;
+        self.fits(n, min)?;
+        Ok(n)
+    }
+
+    /// Whether `n` records of at least `min` bytes each can be in the rest.
+    fn fits(&self, n: usize, min: usize) -> Result<(), String> {
         if n.checked_mul(min).is_none_or(|bytes| bytes > self.0.len()) {
             return Err(alloc::format!("{n} records of {min}+ bytes do not fit in the {} bytes left", self.0.len()));
         }
-        Ok(n)
+        Ok(())
     }
 }
 
@@ -314,9 +320,7 @@ fn read_space(r: &mut Reader<'_>) -> Result<SpaceImage, String> {
         let pages = r.u32()?;
         let (reservations, older, newer, since_s) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let lease_until = u64::from_le_bytes(r.array()?);
-        if (pages as usize).checked_mul(8).is_none_or(|bytes| bytes > r.0.len()) {
-            return Err(alloc::format!("slot {slot}: {pages} pages do not fit in the bytes left"));
-        }
+        r.fits(pages as usize, 8).map_err(|e| alloc::format!("slot {slot}: {e}"))?;
         let pages = (0..pages).map(|_| Ok((r.u32()?, r.u32()?))).collect::<Result<_, String>>()?;
         slots.push(Some(EntryImage { key, pages, reservations, older, newer, since_s, lease_until }));
     }
