@@ -1,8 +1,9 @@
 //! The plugin's cost per command against the native core, and why key batches are packed.
 //!
-//! - `command/{exists,cycle}/{native,wasm}/{32,128}`: one `exists` of N stored keys (a pure read)
-//!   and one allocate + confirm + delete cycle of N fresh keys (three mutating commands, journaled
-//!   by the plugin engine, snapshots included), through `NativeEngine` and `PluginEngine`.
+//! - `command/{exists,cycle}/{native,wasm,wasm-wit}/{32,128}`: one `exists` of N stored keys (a
+//!   pure read) and one allocate + confirm + delete cycle of N fresh keys (three mutating
+//!   commands, journaled by the plugin engine, snapshots included), through `NativeEngine` and
+//!   `PluginEngine` (its direct entry point, and its WIT interface).
 //! - `marshal/{strings,packed}/{32,128}`: the canonical-ABI cost alone of handing N 32-byte keys
 //!   to a component as `list<string>` versus one packed `list<u8>` (two inline-WAT components whose
 //!   function only returns the length), which is why `wit/kvpages.wit` packs key batches.
@@ -19,7 +20,7 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvpages_core::{Command, Key, Settings, Space};
 use kvpages_host::engine::{Engine, NativeEngine};
-use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
+use kvpages_host::plugin::{Calls, Limits, PluginEngine, Sandbox};
 
 #[path = "../../core/benches/common/mod.rs"]
 mod common;
@@ -30,9 +31,18 @@ fn keys(n: usize, salt: u64) -> Vec<Key> {
     (0..n as u64).map(|i| Key::parse(&format!("{:016x}{:016x}", salt, i)).unwrap()).collect()
 }
 
+/// The native core, the plugin through its direct entry point (`wasm`, the server's default)
+/// and through its WIT interface (`wasm-wit`).
 fn engines() -> Vec<(&'static str, Box<dyn Engine>)> {
-    let plugin = PluginEngine::new(Sandbox::embedded(Limits::default()).unwrap(), 1, Settings::default()).unwrap();
-    vec![("native", Box::new(NativeEngine::new(1, Settings::default()))), ("wasm", Box::new(plugin))]
+    let plugin = |calls| {
+        let sandbox = Sandbox::embedded(Limits::default(), calls).unwrap();
+        Box::new(PluginEngine::new(sandbox, 1, Settings::default()).unwrap())
+    };
+    vec![
+        ("native", Box::new(NativeEngine::new(1, Settings::default()))),
+        ("wasm", plugin(Calls::Direct)),
+        ("wasm-wit", plugin(Calls::Wit)),
+    ]
 }
 
 fn command(c: &mut Criterion) {
@@ -126,7 +136,8 @@ fn marshal(c: &mut Criterion) {
 
 /// A fresh plugin engine behind `pool`'s interface (seed 7, as the core's bench).
 fn plugin() -> pool::Apply {
-    let mut e = PluginEngine::new(Sandbox::embedded(Limits::default()).unwrap(), 7, Settings::default()).unwrap();
+    let mut e =
+        PluginEngine::new(Sandbox::embedded(Limits::default(), Calls::Auto).unwrap(), 7, Settings::default()).unwrap();
     Box::new(move |now, cmd: &Command| e.apply(now, cmd).expect("the bench's commands are valid"))
 }
 

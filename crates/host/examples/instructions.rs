@@ -43,7 +43,7 @@
 //! table out of the caches, as a server's calls can (its network stack runs in between). For
 //! example `THRASH=4 $X native locations 30000`.
 //!
-//! Usage: `instructions native|wasm allocate|exists|locations|full|snapshot ITERATIONS [BATCH=32]`
+//! Usage: `instructions native|wasm|wasm-wit allocate|exists|locations|full|snapshot ITERATIONS [BATCH=32]`
 //! - `allocate`: `allocate` of BATCH fresh keys, then `confirm` of their pages (a save);
 //! - `exists` / `locations`: BATCH keys drawn from the 16,384 (or `STORED`) stored ones (a
 //!   lookup, a load);
@@ -55,7 +55,7 @@
 
 use kvpages_core::{Command, Eviction, Key, Reply, Settings, Space};
 use kvpages_host::engine::{Engine, NativeEngine};
-use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
+use kvpages_host::plugin::{Calls, Limits, PluginEngine, Sandbox};
 
 /// `n` distinct 32-hex keys of the family `salt`, numbered from `from`.
 fn keys(n: usize, salt: u64, from: u64) -> Vec<Key> {
@@ -65,17 +65,18 @@ fn keys(n: usize, salt: u64, from: u64) -> Vec<Key> {
 fn engine(name: &str, settings: Settings) -> Result<Box<dyn Engine>, String> {
     Ok(match name {
         "native" => Box::new(NativeEngine::new(1, settings)),
-        "wasm" => {
+        "wasm" | "wasm-wit" => {
+            let calls = if name == "wasm" { Calls::Auto } else { Calls::Wit };
             let sandbox = match std::env::var("KVPAGES_PLUGIN") {
                 Ok(path) => {
                     let bytes = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
-                    Sandbox::load(&bytes, &path, Limits::default())?
+                    Sandbox::load(&bytes, &path, Limits::default(), calls)?
                 }
-                Err(_) => Sandbox::embedded(Limits::default())?,
+                Err(_) => Sandbox::embedded(Limits::default(), calls)?,
             };
             Box::new(PluginEngine::new(sandbox, 1, settings)?)
         }
-        other => return Err(format!("engine {other:?}: expected native or wasm")),
+        other => return Err(format!("engine {other:?}: expected native, wasm or wasm-wit")),
     })
 }
 

@@ -122,6 +122,13 @@ pub struct ServeArgs {
     /// being restored. Ordinary calls take microseconds; this only stops a runaway one.
     #[arg(long, env = "KVPAGES_PLUGIN_BUDGET", default_value = "1", value_parser = parse_seconds)]
     pub plugin_budget: Duration,
+    /// How the server calls into the plugin: `auto`, through the direct entry point when the
+    /// component's core module has one (kvpages' own plugin does: one plain call a command,
+    /// the fastest way) and else through its WIT interface; `direct`, refuse a component
+    /// without it; `wit`, always the WIT interface (as any other component-model host would).
+    /// Same sandbox and limits either way.
+    #[arg(long, env = "KVPAGES_PLUGIN_CALLS", value_enum, default_value_t = crate::plugin::Calls::Auto)]
+    pub plugin_calls: crate::plugin::Calls,
     /// TP world size: a key is complete when ranks 0..N-1 all confirmed it, and ranks >= N are
     /// refused (409). Without it, the world is the set of initialized worker ranks.
     #[arg(long, env = "KVPAGES_WORLD_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
@@ -253,8 +260,8 @@ impl ServeArgs {
             return Err("--plugin needs --engine wasm".into());
         }
         let plugin = match &self.plugin {
-            Some(path) => crate::server::PluginConfig::from_file(path, limits)?,
-            None => crate::server::PluginConfig { loaded: None, limits },
+            Some(path) => crate::server::PluginConfig::from_file(path, limits, self.plugin_calls)?,
+            None => crate::server::PluginConfig { loaded: None, limits, calls: self.plugin_calls },
         };
         Ok(ServeConfig {
             engine: self.engine,

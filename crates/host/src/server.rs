@@ -82,21 +82,27 @@ pub struct PluginConfig {
     pub loaded: Option<Sandbox>,
     /// `--plugin-memory-mib`, `--plugin-budget`.
     pub limits: crate::plugin::Limits,
+    /// `--plugin-calls`: the way into the plugin.
+    pub calls: crate::plugin::Calls,
 }
 
 impl PluginConfig {
-    /// Loads `--plugin PATH` (compiled once, here) with `limits`.
-    pub fn from_file(path: &std::path::Path, limits: crate::plugin::Limits) -> Result<PluginConfig, String> {
+    /// Loads `--plugin PATH` (compiled once, here) with `limits`, to be called `calls`.
+    pub fn from_file(
+        path: &std::path::Path,
+        limits: crate::plugin::Limits,
+        calls: crate::plugin::Calls,
+    ) -> Result<PluginConfig, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("--plugin {}: {e}", path.display()))?;
-        let sandbox = Sandbox::load(&bytes, &format!("--plugin {}", path.display()), limits)?;
-        Ok(PluginConfig { loaded: Some(sandbox), limits })
+        let sandbox = Sandbox::load(&bytes, &format!("--plugin {}", path.display()), limits, calls)?;
+        Ok(PluginConfig { loaded: Some(sandbox), limits, calls })
     }
 
     /// The compiled component, ready to instantiate.
     pub fn sandbox(&self) -> Result<Sandbox, String> {
         match &self.loaded {
             Some(s) => Ok(s.clone()),
-            None => Sandbox::embedded(self.limits),
+            None => Sandbox::embedded(self.limits, self.calls),
         }
     }
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::Server;
 use kvpages_core::{Command, Eviction, Key, Settings, SglangPool, Space};
 use kvpages_host::engine::{Engine, EngineError, EngineKind, NativeEngine};
-use kvpages_host::plugin::{Limits, PluginEngine, Sandbox};
+use kvpages_host::plugin::{Calls, Limits, PluginEngine, Sandbox};
 use kvpages_host::server::{PluginConfig, ServeConfig};
 
 fn plugin_dir() -> PathBuf {
@@ -40,9 +40,17 @@ fn component(name: &str) -> PathBuf {
     path
 }
 
+/// `name` in a sandbox called through its direct entry point (which both of kvpages'
+/// artifacts have: `Calls::Direct` refuses a component without it).
 fn sandbox(name: &str, limits: Limits) -> Sandbox {
+    sandbox_calls(name, limits, Calls::Direct)
+}
+
+fn sandbox_calls(name: &str, limits: Limits, calls: Calls) -> Sandbox {
     let bytes = std::fs::read(component(name)).unwrap();
-    Sandbox::load(&bytes, name, limits).unwrap()
+    let sandbox = Sandbox::load(&bytes, name, limits, calls).unwrap();
+    assert_eq!(sandbox.calls(), calls);
+    sandbox
 }
 
 /// splitmix64: small, seedable, good enough to pick commands.
@@ -213,10 +221,22 @@ fn seed() -> u64 {
 
 #[test]
 fn differential_native_and_plugin_agree_on_120k_commands() {
+    differential(Calls::Direct);
+}
+
+/// The same stream through the plugin's WIT interface (what `--plugin-calls wit` and any other
+/// component-model host use).
+#[test]
+fn differential_native_and_plugin_through_wit_agree_on_120k_commands() {
+    differential(Calls::Wit);
+}
+
+fn differential(calls: Calls) {
     let seed = seed();
     let settings = Settings { reservation_ttl: 3_000, read_lease: 1_000, quarantine: 2_000, ..Settings::default() };
     let mut native = NativeEngine::new(seed, settings);
-    let mut plugin = PluginEngine::new(sandbox("kvpages_plugin.wasm", Limits::default()), seed, settings).unwrap();
+    let sandbox = sandbox_calls("kvpages_plugin.wasm", Limits::default(), calls);
+    let mut plugin = PluginEngine::new(sandbox, seed, settings).unwrap();
     assert_eq!(plugin.kind(), EngineKind::Wasm);
     let mut g = Gen::new(seed);
     let mut kinds = std::collections::BTreeMap::<String, (u64, u64)>::new();
@@ -252,6 +272,11 @@ fn differential_native_and_plugin_agree_on_120k_commands() {
 
 #[test]
 fn a_restored_plugin_continues_like_the_native_core() {
+    restored_continues(Calls::Direct);
+    restored_continues(Calls::Wit);
+}
+
+fn restored_continues(calls: Calls) {
     let seed = seed() ^ 1;
     let mut g = Gen::new(seed);
     let mut native = NativeEngine::new(seed, Settings::default());
@@ -261,7 +286,8 @@ fn a_restored_plugin_continues_like_the_native_core() {
         g.learn(&cmd, &r);
     }
     let snap = native.snapshot().unwrap();
-    let mut plugin = PluginEngine::restore(sandbox("kvpages_plugin.wasm", Limits::default()), &snap).unwrap();
+    let sandbox = sandbox_calls("kvpages_plugin.wasm", Limits::default(), calls);
+    let mut plugin = PluginEngine::restore(sandbox, &snap).unwrap();
     for i in 0..5_000 {
         let (now, cmd) = g.command();
         let a = native.apply(now, &cmd);
@@ -276,12 +302,22 @@ fn a_restored_plugin_continues_like_the_native_core() {
 /// across snapshots taken along the way and the journal since the last one.
 #[test]
 fn traps_mid_stream_leave_the_state_exactly_as_before() {
+    traps_mid_stream(Calls::Direct);
+}
+
+#[test]
+fn traps_mid_stream_through_wit_leave_the_state_exactly_as_before() {
+    traps_mid_stream(Calls::Wit);
+}
+
+fn traps_mid_stream(calls: Calls) {
     let seed = seed() ^ 2;
     let mut g = Gen::new(seed);
     let settings = Settings::default();
     let mut native = NativeEngine::new(seed, settings);
     let limits = Limits { memory: 64 << 20, call: Duration::from_millis(500), ..Limits::default() };
-    let mut plugin = PluginEngine::new(sandbox("kvpages_plugin.chaos.wasm", limits), seed, settings).unwrap();
+    let mut plugin =
+        PluginEngine::new(sandbox_calls("kvpages_plugin.chaos.wasm", limits, calls), seed, settings).unwrap();
     let mut traps = 0;
     for i in 0..40_000u32 {
         if i % 7_919 == 7_000 {
@@ -307,15 +343,23 @@ fn traps_mid_stream_leave_the_state_exactly_as_before() {
 }
 
 fn chaos_server() -> Server {
+    chaos_server_calls(Calls::Auto)
+}
+
+fn chaos_server_calls(calls: Calls) -> Server {
     let limits = Limits { memory: 64 << 20, call: Duration::from_millis(500), ..Limits::default() };
-    let plugin = PluginConfig::from_file(&component("kvpages_plugin.chaos.wasm"), limits).unwrap();
+    let plugin = PluginConfig::from_file(&component("kvpages_plugin.chaos.wasm"), limits, calls).unwrap();
     Server::start(ServeConfig { engine: EngineKind::Wasm, plugin, ..common::config() })
 }
 
 const KEYS: [&str; 4] = ["386b2d9cf5aa91ba3a4b42c35396c822", "k1", "k2", "k3"];
 
 fn hostile(magic: &str, cause: &str) {
-    let s = chaos_server();
+    hostile_calls(magic, cause, Calls::Auto);
+}
+
+fn hostile_calls(magic: &str, cause: &str, calls: Calls) {
+    let s = chaos_server_calls(calls);
     s.init(0, 64);
     s.init(1, 64);
     let a = s.allocate(0, &KEYS[..3]);
@@ -361,6 +405,12 @@ fn hostile_panic_after_the_state_changed_is_rolled_back() {
 }
 
 #[test]
+fn hostile_plugins_through_wit_are_contained_alike() {
+    hostile_calls("chaos:after", "the plugin aborted (a panic in the guest)", Calls::Wit);
+    hostile_calls("chaos:loop", "the plugin ran past its time budget", Calls::Wit);
+}
+
+#[test]
 fn many_traps_in_a_row_leave_a_serving_server() {
     let s = chaos_server();
     s.init(0, 8);
@@ -378,7 +428,7 @@ fn refused(wat: &str) -> String {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{:x}.wat", wat.len() ^ wat.as_bytes()[wat.len() / 2] as usize));
     std::fs::write(&path, wat).unwrap();
-    let err = PluginConfig::from_file(&path, Limits::default()).map(|_| ()).unwrap_err();
+    let err = PluginConfig::from_file(&path, Limits::default(), Calls::Auto).map(|_| ()).unwrap_err();
     let _ = std::fs::remove_file(&path);
     err
 }

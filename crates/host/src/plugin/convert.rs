@@ -7,6 +7,8 @@
 use kvpages_core as kv;
 use kvpages_core::{Command, Key, Millis, Reply};
 
+use kvpages_plugin::direct;
+
 use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};
 use crate::engine::EngineError;
@@ -44,73 +46,54 @@ pub(super) fn keys_in(cmd: &Command) -> usize {
     }
 }
 
-/// The `packed-keys` prefix of a 32-hex key sent as its 16 raw bytes (`wit/kvpages.wit`).
-pub(super) const RAW_HEX: u16 = 0x8000 | 16;
+pub(super) use kvpages_plugin::convert::RAW_HEX;
 
-/// Keys in the `packed-keys` format: a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its
-/// 16 bytes, which the guest takes as they are; any other key as `u16le length ++ text`.
+/// Keys in the `packed-keys` format (`kvpages_plugin::convert::pack_keys`, the one encoder
+/// for both ways in): a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its 16 bytes,
+/// which the guest takes as they are; any other key as `u16le length ++ text`.
 fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
     let mut out = Vec::new();
-    pack_into(&mut out, keys);
+    kvpages_plugin::convert::pack_keys(&mut out, keys);
     out
 }
 
-/// [`packed`] into `out` (cleared first): the engine packs every call's keys into one buffer
-/// it keeps, and the journal copies them from there.
-pub(super) fn pack_into<'a>(out: &mut Vec<u8>, keys: impl ExactSizeIterator<Item = &'a Key>) {
-    out.clear();
-    // 18 bytes a key in the common case; text keys grow it as needed.
-    out.reserve(keys.len() * 18);
-    for key in keys {
-        match key {
-            Key::Hex(bytes) => {
-                // One 18-byte record, one capacity check (two `extend_from_slice` calls cost
-                // ~24 instructions a key, this ~half).
-                let mut record = [0; 18];
-                let (prefix, raw) = record.split_at_mut(2);
-                prefix.copy_from_slice(&RAW_HEX.to_le_bytes());
-                raw.copy_from_slice(bytes);
-                out.extend_from_slice(&record);
-            }
-            // Keys are at most 1024 bytes (`Key::parse`), far below the raw-form bit.
-            Key::Text(text) => {
-                out.extend_from_slice(&(text.len() as u16).to_le_bytes());
-                out.extend_from_slice(text.as_bytes());
-            }
-        }
+/// A call's bytes, kept by the engine across calls (one buffer): through the WIT interface the
+/// packed keys, through the direct entry point the whole request, its packed keys from `keys`
+/// on. The journal copies the keys from here.
+#[derive(Debug, Default)]
+pub(super) struct CallBuffer {
+    bytes: Vec<u8>,
+    keys: usize,
+}
+
+impl CallBuffer {
+    /// The last call's packed keys (empty for a command without).
+    pub(super) fn keys(&self) -> &[u8] {
+        &self.bytes[self.keys..]
     }
 }
 
 /// The keys `cmd` carries into its call, packed into `out` (emptied for a command without).
 pub(super) fn pack_keys_of(out: &mut Vec<u8>, cmd: &Command) {
+    out.clear();
     match cmd {
         Command::Allocate { keys, .. }
         | Command::Exists { keys, .. }
         | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => pack_into(out, keys.iter()),
-        Command::Confirm { confirmations, .. } => pack_into(out, confirmations.iter().map(|(k, _)| k)),
-        _ => out.clear(),
+        | Command::Delete { keys, .. } => kvpages_plugin::convert::pack_keys(out, keys.iter()),
+        Command::Confirm { confirmations, .. } => {
+            kvpages_plugin::convert::pack_keys(out, confirmations.iter().map(|(k, _)| k))
+        }
+        _ => {}
     }
 }
-
-/// `packed-allocations`' flag of a cache hit, on word 0 (`wit/kvpages.wit`).
-const CACHED: u32 = 1 << 31;
-/// `packed-allocations`' word 1 when the key got no page.
-const NO_PAGE: u32 = u32::MAX;
 
 /// Decodes `allocate`'s `packed-allocations`: two words a distinct key.
 fn allocations(words: &[u32]) -> Result<Vec<kv::Allocation>, EngineError> {
     let (pairs, []) = words.as_chunks::<2>() else {
         return Err(EngineError::Fault(format!("the plugin answered {} allocation words, not pairs", words.len())));
     };
-    Ok(pairs
-        .iter()
-        .map(|&[index, page]| kv::Allocation {
-            index: index & !CACHED,
-            page: (page != NO_PAGE).then_some(page),
-            cached: index & CACHED != 0,
-        })
-        .collect())
+    Ok(pairs.iter().map(|&[index, page]| kvpages_plugin::convert::allocation_of(index, page)).collect())
 }
 
 fn space(s: &kv::Space) -> wit::Space {
@@ -129,7 +112,7 @@ fn space_in(s: wit::Space) -> kv::Space {
     }
 }
 
-pub(super) fn settings(s: kv::Settings) -> wit::Settings {
+fn settings(s: kv::Settings) -> wit::Settings {
     wit::Settings {
         reservation_ttl: s.reservation_ttl,
         world_size: s.world_size,
@@ -306,17 +289,107 @@ fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
     })
 }
 
-/// Applies `cmd` through one call into `inst`, its keys packed into `keys` (left there for the
-/// journal). The outer `Err` is a trap; the inner result is what the native engine would answer.
+/// Applies `cmd` through one call into `inst` (either way in), its bytes built in `buf` (the
+/// packed keys left there for the journal). The outer `Err` is a trap; the inner result is
+/// what the native engine would answer.
 pub(super) fn call(
     inst: &mut Instance,
     now: Millis,
     cmd: &Command,
-    keys: &mut Vec<u8>,
+    buf: &mut CallBuffer,
 ) -> Result<Result<Reply, EngineError>, Trap> {
-    pack_keys_of(keys, cmd);
-    let keys = &*keys;
-    let budget = match cmd {
+    let budget = budget(cmd);
+    if inst.is_direct() {
+        buf.bytes.clear();
+        buf.keys = direct::encode_apply(&mut buf.bytes, now, cmd);
+        let (status, reply) = inst.exchange(budget, &buf.bytes)?;
+        return Ok(match direct::decode_reply(cmd, status, reply) {
+            Ok(Ok(reply)) if answers(cmd, &reply) => Ok(reply),
+            Ok(Ok(reply)) => Err(EngineError::Fault(format!(
+                "the plugin answered {} with a reply of another kind: {reply:?}",
+                name(cmd)
+            ))),
+            Ok(Err(refusal)) => Err(EngineError::Domain(refusal)),
+            Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
+        });
+    }
+    pack_keys_of(&mut buf.bytes, cmd);
+    buf.keys = 0;
+    call_wit(inst, now, cmd, budget, &buf.bytes)
+}
+
+/// Whether `reply` is the kind of reply `cmd` gets.
+fn answers(cmd: &Command, reply: &Reply) -> bool {
+    matches!(
+        (cmd, reply),
+        (Command::Configure(_), Reply::Configured)
+            | (Command::Initialize { .. }, Reply::Initialized { .. })
+            | (Command::Allocate { .. }, Reply::Allocated(_))
+            | (Command::Confirm { .. }, Reply::Confirmed(_))
+            | (Command::Exists { .. }, Reply::Exists(_))
+            | (Command::Locations { .. }, Reply::Locations(_))
+            | (Command::Delete { .. }, Reply::Deleted(_))
+            | (Command::Inspect { .. }, Reply::Key(_))
+            | (Command::Clear { .. } | Command::Reset { .. }, Reply::Cleared { .. })
+            | (Command::Stats, Reply::Stats(_))
+            | (Command::ImportSglang { .. }, Reply::Imported { .. })
+            | (Command::ExportSglang, Reply::SglangPools(_))
+            | (Command::LeaseAll, Reply::Leased(_))
+    )
+}
+
+/// A fresh engine in `inst` (either way in).
+pub(super) fn create(inst: &mut Instance, seed: u64, set: kv::Settings) -> Result<(), String> {
+    if inst.is_direct() {
+        let mut request = vec![direct::CREATE];
+        request.extend_from_slice(&seed.to_le_bytes());
+        let request = postcard::to_extend(&set, request).map_err(|e| format!("create: {e}"))?;
+        let (status, reply) = inst.exchange(Budget::Fixed, &request).map_err(|t| format!("create: {t}"))?;
+        return ok_or_fault(status, reply, "create");
+    }
+    let set = settings(set);
+    inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_create(s, seed, set))
+        .map_err(|t| format!("create: {t}"))
+}
+
+/// `inst`'s state replaced by a snapshot's (either way in).
+pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String> {
+    let budget = Budget::Restore(snapshot.len());
+    if inst.is_direct() {
+        let mut request = Vec::with_capacity(1 + snapshot.len());
+        request.push(direct::RESTORE);
+        request.extend_from_slice(snapshot);
+        let (status, reply) = inst.exchange(budget, &request).map_err(|t| format!("restore: {t}"))?;
+        return ok_or_fault(status, reply, "restore refused the snapshot");
+    }
+    inst.call(budget, |p, s| p.kvpages_engine_engine().call_restore(s, snapshot))
+        .map_err(|t| format!("restore: {t}"))?
+        .map_err(|e| format!("restore refused the snapshot: {e:?}"))
+}
+
+/// `inst`'s snapshot (either way in): the outer `Err` a trap, the inner a refusal.
+pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, Trap> {
+    if inst.is_direct() {
+        let (status, reply) = inst.exchange(Budget::State, &[direct::SNAPSHOT])?;
+        return Ok(match status {
+            direct::OK => Ok(reply.to_vec()),
+            _ => Err(String::from_utf8_lossy(reply).into_owned()),
+        });
+    }
+    Ok(inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?.map_err(|e| format!("{e:?}")))
+}
+
+/// A direct reply that carries nothing when it is [`direct::OK`].
+fn ok_or_fault(status: u32, reply: &[u8], what: &str) -> Result<(), String> {
+    match status {
+        direct::OK => Ok(()),
+        _ => Err(format!("{what}: {}", String::from_utf8_lossy(reply))),
+    }
+}
+
+/// The time a command may take.
+fn budget(cmd: &Command) -> Budget {
+    match cmd {
         Command::Configure(_)
         | Command::Initialize { .. }
         | Command::Clear { .. }
@@ -330,7 +403,18 @@ pub(super) fn call(
         | Command::Exists { .. }
         | Command::Locations { .. }
         | Command::Delete { .. } => Budget::Keys(keys_in(cmd)),
-    };
+    }
+}
+
+/// [`call`] through the WIT interface, `keys` packed (a `Vec`: the bindings take `&Vec<u8>`).
+#[allow(clippy::ptr_arg)]
+fn call_wit(
+    inst: &mut Instance,
+    now: Millis,
+    cmd: &Command,
+    budget: Budget,
+    keys: &Vec<u8>,
+) -> Result<Result<Reply, EngineError>, Trap> {
     inst.call(budget, |p, s| {
         let e = p.kvpages_engine_engine();
         Ok(match cmd {

@@ -35,7 +35,7 @@ pub mod sandbox;
 use kvpages_core::{Command, Millis, Reply, Settings};
 
 use crate::engine::{Engine, EngineError, EngineKind};
-pub use sandbox::{Budget, Instance, Limits, Sandbox, Trap};
+pub use sandbox::{Budget, Calls, Instance, Limits, Sandbox, Trap};
 
 /// Host-side bindings of `wit/kvpages.wit`'s world `plugin`.
 #[allow(missing_docs, clippy::all)]
@@ -84,9 +84,9 @@ pub struct PluginEngine {
     settings: Settings,
     recovery: Recovery,
     traps: u64,
-    /// The keys of the call in progress, packed (kept: one buffer for every call, which the
-    /// journal copies them from).
-    keys: Vec<u8>,
+    /// The bytes of the call in progress (kept: one buffer for every call, which the journal
+    /// copies the packed keys from).
+    buf: convert::CallBuffer,
 }
 
 impl PluginEngine {
@@ -99,7 +99,7 @@ impl PluginEngine {
             settings,
             recovery: Recovery::default(),
             traps: 0,
-            keys: Vec::new(),
+            buf: convert::CallBuffer::default(),
         };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
         Ok(engine)
@@ -114,7 +114,7 @@ impl PluginEngine {
             settings: Settings::default(),
             recovery: Recovery { snapshot: snapshot.to_vec(), ..Recovery::default() },
             traps: 0,
-            keys: Vec::new(),
+            buf: convert::CallBuffer::default(),
         };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
         Ok(engine)
@@ -135,18 +135,15 @@ impl PluginEngine {
         let mut inst = self.sandbox.instantiate()?;
         let r = &self.recovery;
         if r.snapshot.is_empty() {
-            let settings = convert::settings(self.settings);
-            inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_create(s, self.seed, settings))
-                .map_err(|t| format!("create: {t}"))?;
+            convert::create(&mut inst, self.seed, self.settings)?;
         } else {
-            inst.call(Budget::Restore(r.snapshot.len()), |p, s| p.kvpages_engine_engine().call_restore(s, &r.snapshot))
-                .map_err(|t| format!("restore: {t}"))?
-                .map_err(|e| format!("restore refused its own snapshot: {e:?}"))?;
+            convert::restore(&mut inst, &r.snapshot)?;
         }
+        let mut buf = convert::CallBuffer::default();
         for (i, entry) in r.journal.entries().enumerate() {
             let (now, cmd) = entry?;
             // Only applied commands are journaled, and the core is deterministic: each applies again.
-            convert::call(&mut inst, now, &cmd, &mut Vec::new())
+            convert::call(&mut inst, now, &cmd, &mut buf)
                 .map_err(|t| format!("replaying journal entry {i}: {t}"))?
                 .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", convert::name(&cmd)))?;
         }
@@ -158,14 +155,14 @@ impl PluginEngine {
         let r = &mut self.recovery;
         r.units += 1 + convert::keys_in(cmd);
         r.applied += took;
-        r.journal.push(now, cmd, &self.keys);
+        r.journal.push(now, cmd, self.buf.keys());
         let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
         if !due && r.units < MAX_JOURNAL_UNITS.max(r.retry_at) {
             return;
         }
         let Some(inst) = self.instance.as_mut() else { return };
         let start = std::time::Instant::now();
-        match inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s)) {
+        match convert::snapshot(inst) {
             Ok(Ok(bytes)) => {
                 let mut journal = std::mem::take(&mut self.recovery.journal);
                 journal.clear();
@@ -174,7 +171,7 @@ impl PluginEngine {
             }
             Ok(Err(e)) => {
                 self.recovery.retry_at = self.recovery.units * 2;
-                tracing::error!(error = ?e, "the plugin refused a snapshot; keeping the journal");
+                tracing::error!(error = %e, "the plugin refused a snapshot; keeping the journal");
             }
             Err(trap) => {
                 self.recovery.retry_at = self.recovery.units * 2;
@@ -222,7 +219,7 @@ impl Engine for PluginEngine {
         }
         let inst = self.instance.as_mut().expect("just ensured");
         let start = std::time::Instant::now();
-        match convert::call(inst, now, cmd, &mut self.keys) {
+        match convert::call(inst, now, cmd, &mut self.buf) {
             Ok(result) => {
                 // Like the write-ahead log: a refused command changed nothing worth replaying.
                 if cmd.is_mutating() && result.is_ok() {
@@ -243,9 +240,9 @@ impl Engine for PluginEngine {
 
     fn snapshot(&mut self) -> Result<Vec<u8>, EngineError> {
         let inst = self.instance.as_mut().ok_or_else(|| EngineError::Fault("the plugin is being restored".into()))?;
-        match inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s)) {
+        match convert::snapshot(inst) {
             Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(e)) => Err(EngineError::Fault(format!("the plugin refused a snapshot: {e:?}"))),
+            Ok(Err(e)) => Err(EngineError::Fault(format!("the plugin refused a snapshot: {e}"))),
             Err(trap) => {
                 let restored = self.contain(&trap, "snapshot");
                 Err(EngineError::Trapped { cause: trap.to_string(), restored })

@@ -11,12 +11,17 @@
 //!   `kvpages:engine/engine@0.2.0`, is refused when it is loaded, with the reason.
 //! - A component is compiled once ([`Sandbox::load`]) into an `InstancePre`; instantiating it
 //!   again after a trap costs ~0.1 ms.
+//! - Two ways in ([`Calls`]): the component's WIT interface, or — when the component's core
+//!   module exports kvpages' direct entry point (`kvpages_plugin::direct`; kvpages' own plugin
+//!   does) — that module instantiated on its own and driven through one plain call a command.
+//!   Same store, same limits, same (empty) imports: the sandbox is wasmtime's either way.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use kvpages_plugin::direct;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, ResourceLimiter, Store};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, TypedFunc};
 
 use super::bindings::{Plugin, PluginPre};
 
@@ -56,6 +61,18 @@ impl Default for Limits {
             per_state_mib: Duration::from_millis(20),
         }
     }
+}
+
+/// Which way the host calls into the plugin (`--plugin-calls`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Calls {
+    /// The direct entry point when the component's core module has it, else the WIT interface.
+    #[default]
+    Auto,
+    /// The direct entry point; a component without it is refused.
+    Direct,
+    /// The WIT interface, always (what any other component-model host uses).
+    Wit,
 }
 
 /// What a call may cost, decided by the caller from the call's size.
@@ -178,31 +195,62 @@ fn engine() -> &'static Engine {
 /// A compiled plugin component, ready to be instantiated any number of times.
 #[derive(Clone)]
 pub struct Sandbox {
-    pre: PluginPre<Guard>,
+    way: Way,
     limits: Limits,
     /// What was loaded (`embedded` or the file's path), for messages.
     origin: String,
 }
 
+/// How a [`Sandbox`] instantiates and calls its plugin.
+#[derive(Clone)]
+enum Way {
+    /// The component, through its WIT interface.
+    Wit(Box<PluginPre<Guard>>),
+    /// The component's core module on its own, through the direct entry point.
+    Direct(wasmtime::InstancePre<Guard>),
+}
+
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox").field("origin", &self.origin).field("limits", &self.limits).finish()
+        f.debug_struct("Sandbox")
+            .field("origin", &self.origin)
+            .field("calls", &self.calls())
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
 impl Sandbox {
     /// Compiles `bytes` (a component; with the `wat` feature, in tests, also its text form) and
-    /// checks it against the plugin world. `origin` names it in messages.
-    pub fn load(bytes: &[u8], origin: &str, limits: Limits) -> Result<Sandbox, String> {
+    /// checks it against the plugin world. `origin` names it in messages; `calls` picks the way
+    /// in (see [`Calls`]).
+    pub fn load(bytes: &[u8], origin: &str, limits: Limits, calls: Calls) -> Result<Sandbox, String> {
         let engine = engine();
         let start = std::time::Instant::now();
         let component =
             Component::new(engine, bytes).map_err(|e| format!("{origin} is not a valid component: {e:#}"))?;
         tracing::info!(bytes = bytes.len(), ms = start.elapsed().as_millis() as u64, "compiled {origin}");
-        Sandbox::from_component(&component, origin, limits)
+        let pre = Sandbox::wit(&component, origin)?;
+        let way = match calls {
+            Calls::Wit => Way::Wit(Box::new(pre)),
+            Calls::Auto | Calls::Direct => match direct_module(bytes, origin)? {
+                Some(module) => Way::Direct(Sandbox::direct(&module, origin)?),
+                None if calls == Calls::Direct => {
+                    return Err(format!(
+                        "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
+                         use --plugin-calls wit or auto",
+                        direct::BUFFER,
+                        direct::CALL
+                    ));
+                }
+                None => Way::Wit(Box::new(pre)),
+            },
+        };
+        Ok(Sandbox { way, limits, origin: origin.to_owned() })
     }
 
-    fn from_component(component: &Component, origin: &str, limits: Limits) -> Result<Sandbox, String> {
+    /// The component's WIT interface, checked against the plugin world.
+    fn wit(component: &Component, origin: &str) -> Result<PluginPre<Guard>, String> {
         let engine = engine();
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(engine).map(|(name, _)| name.to_owned()).collect();
@@ -212,29 +260,63 @@ impl Sandbox {
         // The empty linker: nothing to import.
         let linker = Linker::<Guard>::new(engine);
         let instance_pre = linker.instantiate_pre(component).map_err(|e| format!("{origin}: {e:#}"))?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| {
+        PluginPre::new(instance_pre).map_err(|e| {
             let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_owned()).collect();
             format!(
                 "{origin} does not implement the WIT world kvpages:engine/plugin@0.2.0 (wit/kvpages.wit): {e:#}; it exports {exports:?}"
             )
-        })?;
-        Ok(Sandbox { pre, limits, origin: origin.to_owned() })
+        })
     }
 
-    /// The component built into the binary, compiled once per process.
-    pub fn embedded(limits: Limits) -> Result<Sandbox, String> {
-        static COMPILED: OnceLock<Result<Component, String>> = OnceLock::new();
-        let component = COMPILED.get_or_init(|| {
-            // Compiled at each start (~0.3 s in a release build): no precompiled cache, which would
-            // mean trusting bytes on disk as native code (`Component::deserialize` is unsafe).
-            let start = std::time::Instant::now();
-            let c = Component::from_binary(engine(), super::EMBEDDED)
-                .map_err(|e| format!("the embedded plugin does not compile: {e:#}"));
+    /// The core module's direct entry point, with nothing to import.
+    fn direct(module: &wasmtime::Module, origin: &str) -> Result<wasmtime::InstancePre<Guard>, String> {
+        let linker = wasmtime::Linker::<Guard>::new(engine());
+        linker.instantiate_pre(module).map_err(|e| format!("{origin}'s core module: {e:#}"))
+    }
+
+    /// The component built into the binary, compiled once per process. It is kvpages' own,
+    /// checked against the world by the tests, so with its direct entry point in use only its
+    /// core module is compiled, not the component.
+    pub fn embedded(limits: Limits, calls: Calls) -> Result<Sandbox, String> {
+        static COMPONENT: OnceLock<Result<Component, String>> = OnceLock::new();
+        static MODULE: OnceLock<Result<Option<wasmtime::Module>, String>> = OnceLock::new();
+        let origin = "the embedded plugin";
+        // Compiled at each start (~0.3 s in a release build): no precompiled cache, which would
+        // mean trusting bytes on disk as native code (`deserialize` is unsafe).
+        let compiled = |what: &str, start: std::time::Instant| {
             let ms = start.elapsed().as_millis() as u64;
-            tracing::info!(bytes = super::EMBEDDED.len(), ms, "compiled the embedded plugin");
-            c
-        });
-        Sandbox::from_component(component.as_ref().map_err(Clone::clone)?, "the embedded plugin", limits)
+            tracing::info!(bytes = super::EMBEDDED.len(), ms, "compiled the embedded plugin's {what}");
+        };
+        let module = match calls {
+            Calls::Wit => None,
+            Calls::Auto | Calls::Direct => MODULE
+                .get_or_init(|| {
+                    let start = std::time::Instant::now();
+                    let module = direct_module(super::EMBEDDED, origin);
+                    compiled("core module", start);
+                    module
+                })
+                .as_ref()
+                .map_err(Clone::clone)?
+                .as_ref(),
+        };
+        let way = match module {
+            Some(module) => Way::Direct(Sandbox::direct(module, origin)?),
+            None if calls == Calls::Direct => {
+                return Err(format!("{origin} has no direct entry point: rebuild it with `cargo xtask plugin`"));
+            }
+            None => {
+                let component = COMPONENT.get_or_init(|| {
+                    let start = std::time::Instant::now();
+                    let component = Component::from_binary(engine(), super::EMBEDDED)
+                        .map_err(|e| format!("the embedded plugin does not compile: {e:#}"));
+                    compiled("component", start);
+                    component
+                });
+                Way::Wit(Box::new(Sandbox::wit(component.as_ref().map_err(Clone::clone)?, origin)?))
+            }
+        };
+        Ok(Sandbox { way, limits, origin: origin.to_owned() })
     }
 
     /// The limits every instance gets.
@@ -247,15 +329,77 @@ impl Sandbox {
         &self.origin
     }
 
+    /// The way in this sandbox uses: [`Calls::Direct`] or [`Calls::Wit`].
+    pub fn calls(&self) -> Calls {
+        match self.way {
+            Way::Wit(_) => Calls::Wit,
+            Way::Direct(_) => Calls::Direct,
+        }
+    }
+
     /// A fresh instance: new store, new memory, nothing shared with earlier instances.
     pub fn instantiate(&self) -> Result<Instance, String> {
         let mut store = Store::new(engine(), Guard { cap: self.limits.memory, refused: None, memory: 0 });
         store.limiter(|g| g as &mut dyn ResourceLimiter);
         // Instantiation runs no guest code of ours, but give it a deadline all the same.
         store.set_epoch_deadline(ticks(self.limits.call));
-        let plugin = self.pre.instantiate(&mut store).map_err(|e| format!("instantiating {}: {e:#}", self.origin))?;
-        Ok(Instance { store, plugin, limits: self.limits })
+        let fail = |e: wasmtime::Error| format!("instantiating {}: {e:#}", self.origin);
+        let exports = match &self.way {
+            Way::Wit(pre) => Exports::Wit(Box::new(pre.instantiate(&mut store).map_err(fail)?)),
+            Way::Direct(pre) => {
+                let instance = pre.instantiate(&mut store).map_err(fail)?;
+                let missing = |what: &str| format!("{}'s core module has no {what}", self.origin);
+                Exports::Direct(Direct {
+                    memory: instance.get_memory(&mut store, "memory").ok_or_else(|| missing("memory"))?,
+                    buffer: instance
+                        .get_typed_func(&mut store, direct::BUFFER)
+                        .map_err(|e| format!("{}: {e:#}", missing(direct::BUFFER)))?,
+                    call: instance
+                        .get_typed_func(&mut store, direct::CALL)
+                        .map_err(|e| format!("{}: {e:#}", missing(direct::CALL)))?,
+                    request: None,
+                })
+            }
+        };
+        Ok(Instance { store, exports, limits: self.limits })
     }
+}
+
+/// The core module of `component` that exports the direct entry point, compiled; `None` when
+/// there is none. More than one, or one that imports anything, is refused.
+fn direct_module(component: &[u8], origin: &str) -> Result<Option<wasmtime::Module>, String> {
+    use wasmparser::{Parser, Payload};
+    let bad = |e: wasmparser::BinaryReaderError| format!("{origin} does not parse: {e}");
+    let mut found = None;
+    for payload in Parser::new(0).parse_all(component) {
+        let Payload::ModuleSection { unchecked_range, .. } = payload.map_err(bad)? else { continue };
+        let module = component.get(unchecked_range).ok_or_else(|| format!("{origin}: a module runs past its end"))?;
+        let (mut exports, mut imports) = (Vec::new(), 0);
+        for payload in Parser::new(0).parse_all(module) {
+            match payload.map_err(bad)? {
+                Payload::ImportSection(s) => imports += s.count(),
+                Payload::ExportSection(s) => {
+                    for export in s {
+                        exports.push(export.map_err(bad)?.name.to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !(exports.iter().any(|e| e == direct::BUFFER) && exports.iter().any(|e| e == direct::CALL)) {
+            continue;
+        }
+        if imports > 0 {
+            return Err(format!("{origin}'s direct entry point is in a core module that imports {imports} items"));
+        }
+        if found.replace(module).is_some() {
+            return Err(format!("{origin} has more than one core module with a direct entry point"));
+        }
+    }
+    let Some(module) = found else { return Ok(None) };
+    wasmtime::Module::new(engine(), module)
+        .map(Some)
+        .map_err(|e| format!("{origin}'s core module does not compile: {e:#}"))
 }
 
 fn ticks(d: Duration) -> u64 {
@@ -265,13 +409,33 @@ fn ticks(d: Duration) -> u64 {
 /// One instance of the plugin in its own store.
 pub struct Instance {
     store: Store<Guard>,
-    plugin: Plugin,
+    exports: Exports,
     limits: Limits,
+}
+
+/// What the host calls in an instance.
+enum Exports {
+    Wit(Box<Plugin>),
+    Direct(Direct),
+}
+
+/// The direct entry point's exports (`kvpages_plugin::direct`).
+struct Direct {
+    memory: wasmtime::Memory,
+    buffer: TypedFunc<u32, u32>,
+    call: TypedFunc<u32, u32>,
+    /// The request buffer the guest last handed out, `(address, length)`: reused while
+    /// requests fit (the guest keeps it in place until the next `buffer` call or a restore).
+    request: Option<(u32, u32)>,
 }
 
 impl std::fmt::Debug for Instance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Instance").field("memory", &self.store.data().memory).finish()
+        let calls = match self.exports {
+            Exports::Wit(_) => Calls::Wit,
+            Exports::Direct(_) => Calls::Direct,
+        };
+        f.debug_struct("Instance").field("calls", &calls).field("memory", &self.store.data().memory).finish()
     }
 }
 
@@ -279,6 +443,11 @@ impl Instance {
     /// Current size of the guest's linear memory, in bytes.
     pub fn memory(&self) -> u64 {
         self.store.data().memory
+    }
+
+    /// Whether this instance is called through the direct entry point.
+    pub fn is_direct(&self) -> bool {
+        matches!(self.exports, Exports::Direct(_))
     }
 
     /// The deadline a call of this size gets.
@@ -294,24 +463,83 @@ impl Instance {
         }
     }
 
-    /// Calls into the guest with a deadline fitted to `budget`; a trap comes back as [`Trap`].
+    /// Arms the deadline for a call of `budget`; returns the limit.
+    fn arm(&mut self, budget: Budget) -> Duration {
+        let limit = self.budget(budget);
+        self.store.set_epoch_deadline(ticks(limit));
+        self.store.data_mut().refused = None;
+        limit
+    }
+
+    /// Names what stopped a call.
+    fn trap(&self, e: wasmtime::Error, limit: Duration) -> Trap {
+        if let Some(wanted) = self.store.data().refused {
+            return Trap::MemoryCap { cap: self.limits.memory, wanted };
+        }
+        match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => Trap::Deadline(limit),
+            Some(wasmtime::Trap::UnreachableCodeReached) => Trap::Abort,
+            _ => Trap::Other(format!("{e:#}")),
+        }
+    }
+
+    /// Calls into the guest's WIT interface with a deadline fitted to `budget`; a trap comes
+    /// back as [`Trap`]. Panics on an instance called through the direct entry point.
     pub fn call<R>(
         &mut self,
         budget: Budget,
         f: impl FnOnce(&Plugin, &mut Store<Guard>) -> wasmtime::Result<R>,
     ) -> Result<R, Trap> {
-        let limit = self.budget(budget);
-        self.store.set_epoch_deadline(ticks(limit));
-        self.store.data_mut().refused = None;
-        f(&self.plugin, &mut self.store).map_err(|e| {
-            if let Some(wanted) = self.store.data().refused {
-                return Trap::MemoryCap { cap: self.limits.memory, wanted };
+        let limit = self.arm(budget);
+        let Exports::Wit(plugin) = &self.exports else { panic!("a WIT call on a direct instance") };
+        f(plugin, &mut self.store).map_err(|e| self.trap(e, limit))
+    }
+
+    /// Hands `request` to the guest's direct entry point with a deadline fitted to `budget`:
+    /// the reply's status and bytes (in the guest's memory, valid until the next call). A trap,
+    /// or a reply the guest points outside its memory, comes back as [`Trap`] (the instance is
+    /// not to be trusted again). Panics on an instance called through the WIT interface.
+    pub fn exchange(&mut self, budget: Budget, request: &[u8]) -> Result<(u32, &[u8]), Trap> {
+        let limit = self.arm(budget);
+        let Exports::Direct(d) = &mut self.exports else { panic!("a direct call on a WIT instance") };
+        let store = &mut self.store;
+        let result = (|| -> wasmtime::Result<(u32, std::ops::Range<usize>)> {
+            let len = u32::try_from(request.len()).map_err(|_| wasmtime::format_err!("a request over 4 GiB"))?;
+            let ptr = match d.request {
+                Some((ptr, cap)) if cap >= len => ptr,
+                _ => {
+                    let ptr = d.buffer.call(&mut *store, len)?;
+                    d.request = Some((ptr, len));
+                    ptr
+                }
+            };
+            let at = ptr as usize..ptr as usize + request.len();
+            let memory = d.memory.data_mut(&mut *store);
+            let Some(buffer) = memory.get_mut(at) else {
+                d.request = None;
+                wasmtime::bail!("the plugin's request buffer lies outside its memory");
+            };
+            buffer.copy_from_slice(request);
+            if request.first() == Some(&direct::RESTORE) {
+                // The guest frees a restore's buffer.
+                d.request = None;
             }
-            match e.downcast_ref::<wasmtime::Trap>() {
-                Some(wasmtime::Trap::Interrupt) => Trap::Deadline(limit),
-                Some(wasmtime::Trap::UnreachableCodeReached) => Trap::Abort,
-                _ => Trap::Other(format!("{e:#}")),
+            let at = d.call.call(&mut *store, len)? as usize;
+            let memory = d.memory.data(&*store);
+            let descriptor = memory
+                .get(at..at + 12)
+                .and_then(|b| <[u8; 12]>::try_from(b).ok())
+                .ok_or_else(|| wasmtime::format_err!("the plugin's reply descriptor lies outside its memory"))?;
+            let (status, ptr, len) = direct::descriptor(descriptor);
+            let reply = ptr as usize..ptr as usize + len as usize;
+            if memory.get(reply.clone()).is_none() {
+                wasmtime::bail!("the plugin's reply lies outside its memory");
             }
-        })
+            Ok((status, reply))
+        })();
+        match result {
+            Ok((status, reply)) => Ok((status, &d.memory.data(&self.store)[reply])),
+            Err(e) => Err(self.trap(e, limit)),
+        }
     }
 }

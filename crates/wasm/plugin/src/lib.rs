@@ -25,6 +25,7 @@ pub mod cache;
 #[cfg(feature = "chaos")]
 mod chaos;
 pub mod convert;
+pub mod direct;
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -71,24 +72,63 @@ static STATE: State = State(RefCell::new(None));
 #[cfg(not(target_arch = "wasm32"))]
 pub static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn apply(now: u64, cmd: &Command) -> Result<Reply, wit::Error> {
+/// No engine yet: neither `create` nor `restore` was called.
+#[derive(Debug)]
+pub(crate) struct NotCreated;
+
+/// Applies `cmd` to the engine: the core's answer.
+fn apply_core(now: u64, cmd: &Command) -> Result<Result<Reply, kvpages_core::Error>, NotCreated> {
     let mut state = STATE.0.borrow_mut();
-    let core = state.as_mut().ok_or(wit::Error::NotCreated)?;
-    core.apply(now, cmd).map_err(|e| convert::error(&e))
+    let core = state.as_mut().ok_or(NotCreated)?;
+    Ok(core.apply(now, cmd))
 }
 
-/// [`apply`] for a command built from a decoded batch, which is then freed by
-/// [`convert::discard`] (`raw` from [`convert::unpack_batch`]).
-fn apply_batch(now: u64, cmd: Command, raw: bool) -> Result<Reply, wit::Error> {
-    let reply = apply(now, &cmd);
+fn apply(now: u64, cmd: &Command) -> Result<Reply, wit::Error> {
+    match apply_core(now, cmd) {
+        Ok(reply) => reply.map_err(|e| convert::error(&e)),
+        Err(NotCreated) => Err(wit::Error::NotCreated),
+    }
+}
+
+/// [`apply_core`] for a command built from a decoded batch, which is then freed by
+/// [`convert::discard`] (`raw` from [`convert::unpack_batch`]): both ways in (the WIT
+/// interface and [`direct`]) apply their batches here.
+pub(crate) fn run(now: u64, cmd: Command, raw: bool) -> Result<Result<Reply, kvpages_core::Error>, NotCreated> {
+    let reply = apply_core(now, &cmd);
     match cmd {
-        Command::Allocate { keys, .. } | Command::Exists { keys, .. } | Command::Locations { keys, .. } => {
-            convert::discard(keys, raw)
-        }
+        Command::Allocate { keys, .. }
+        | Command::Exists { keys, .. }
+        | Command::Locations { keys, .. }
+        | Command::Delete { keys, .. } => convert::discard(keys, raw),
         Command::Confirm { confirmations, .. } => convert::discard(confirmations, raw),
         _ => {}
     }
     reply
+}
+
+/// [`run`] with the WIT interface's errors.
+fn apply_batch(now: u64, cmd: Command, raw: bool) -> Result<Reply, wit::Error> {
+    match run(now, cmd, raw) {
+        Ok(reply) => reply.map_err(|e| convert::error(&e)),
+        Err(NotCreated) => Err(wit::Error::NotCreated),
+    }
+}
+
+/// Creates the engine (both ways in).
+pub(crate) fn create(seed: u64, settings: kvpages_core::Settings) {
+    *STATE.0.borrow_mut() = Some(Core::new(seed, settings));
+}
+
+/// The engine's snapshot (both ways in).
+pub(crate) fn snapshot() -> Result<Vec<u8>, NotCreated> {
+    Ok(STATE.0.borrow().as_ref().ok_or(NotCreated)?.snapshot())
+}
+
+/// Replaces the engine with a snapshot's state (both ways in); why not, if it does not restore.
+pub(crate) fn restore(snapshot: &[u8]) -> Result<(), String> {
+    let core = Core::restore(snapshot).map_err(|e| alloc::format!("{e}"))?;
+    *STATE.0.borrow_mut() = Some(core);
+    Ok(())
 }
 
 /// The reply a command must give, or a fault: a reply of another kind would be a bug in the
@@ -108,7 +148,7 @@ pub struct Plugin;
 
 impl wit::Guest for Plugin {
     fn create(seed: u64, settings: wit::Settings) {
-        *STATE.0.borrow_mut() = Some(Core::new(seed, convert::settings(settings)));
+        create(seed, convert::settings(settings));
     }
 
     fn configure(now: u64, settings: wit::Settings) -> Result<(), wit::Error> {
@@ -165,8 +205,8 @@ impl wit::Guest for Plugin {
     }
 
     fn delete(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<u32, wit::Error> {
-        let keys = convert::unpack_keys(&keys)?;
-        let reply = apply(now, &Command::Delete { space: convert::space(space), keys })?;
+        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let reply = apply_batch(now, Command::Delete { space: convert::space(space), keys }, raw)?;
         expect!(reply, Reply::Deleted(n) => Ok(n))
     }
 
@@ -209,14 +249,11 @@ impl wit::Guest for Plugin {
     }
 
     fn snapshot() -> Result<Vec<u8>, wit::Error> {
-        let state = STATE.0.borrow();
-        Ok(state.as_ref().ok_or(wit::Error::NotCreated)?.snapshot())
+        snapshot().map_err(|NotCreated| wit::Error::NotCreated)
     }
 
     fn restore(snapshot: Vec<u8>) -> Result<(), wit::Error> {
-        let core = Core::restore(&snapshot).map_err(|e| wit::Error::SnapshotInvalid(alloc::format!("{e}")))?;
-        *STATE.0.borrow_mut() = Some(core);
-        Ok(())
+        restore(&snapshot).map_err(wit::Error::SnapshotInvalid)
     }
 }
 

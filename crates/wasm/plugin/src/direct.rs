@@ -1,0 +1,508 @@
+//! The direct entry point: two plain core-wasm exports beside the component's WIT interface,
+//! through which kvpages' own host drives the same engine with one guest entry a command.
+//!
+//! A call through the component model enters the guest three times (`cabi_realloc` for the key
+//! list, the export, its post-return) and spends ~3.5k host instructions a call in wasmtime's
+//! component layer (session 26: a 1-key `exists` 5.4k instructions through the plugin, 0.65k
+//! natively). The direct entry point is a byte exchange in a buffer the guest keeps: the host
+//! writes a request there, calls [`CALL`] once, and reads the reply where the guest's
+//! descriptor points. The WIT interface stays the plugin's contract (other hosts, and kvpages'
+//! own host for a component without these exports, use it); this is an optional, faster way in
+//! for a host that finds both exports in the component's core module. Both ways run the same
+//! [`Core::apply`](kvpages_core::Core::apply) on the same state.
+//!
+//! # The exchange (version 1)
+//! - [`BUFFER`]`(len: u32) -> u32`: a pointer to at least `len` writable bytes for the next
+//!   request. The buffer stays where it is until the next `BUFFER` call or a [`RESTORE`]
+//!   request, so a host may reuse it while its requests fit.
+//! - [`CALL`]`(len: u32) -> u32`: handles the request in the buffer's first `len` bytes and
+//!   returns a pointer to a 12-byte descriptor: `status u32le · ptr u32le · len u32le`, the reply
+//!   being the `len` bytes at `ptr` (valid until the next call into the guest).
+//!
+//! A request is a kind byte, then its body:
+//! - [`CREATE`]: `seed u64le · postcard(Settings)`; replies nothing.
+//! - [`APPLY`]: `now u64le · op u8 · header · packed keys` (see [`encode_apply`]); replies
+//!   the core's reply ([`encode_reply`]).
+//! - [`SNAPSHOT`]: nothing; replies the snapshot's bytes.
+//! - [`RESTORE`]: the snapshot's bytes; replies nothing.
+//!
+//! A status is [`OK`] (the reply above), [`REFUSED`] (`postcard(kvpages_core::Error)`: the
+//! core refused the command, nothing applied) or [`FAULT`] (a UTF-8 message: a malformed
+//! request, no engine created yet, a snapshot that does not restore — what the WIT interface
+//! answers as `invalid-input`, `not-created`, `snapshot-invalid`).
+//!
+//! The hot commands (allocate, confirm, exists, locations, delete) carry their keys packed as
+//! in the WIT interface's `packed-keys` ([`pack_keys`](crate::convert::pack_keys): 18 bytes a
+//! 32-hex key), decoded by the same code, and get their replies as little-endian words and
+//! bytes ([`encode_reply`]); every other command and reply is in postcard, the durable log's
+//! encoding, where a key is its text (too slow for the hot path, fine for the rest: postcard
+//! writes a value a few bytes at a time, and each of those copies is a `memory.copy` that
+//! wasmtime runs as a call into the host, ~60 instructions).
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use kvpages_core::{Command, Millis, Reply, Space};
+
+/// The export that hands out the request buffer.
+pub const BUFFER: &str = "kvpages_direct_v1_buffer";
+/// The export that handles a request.
+pub const CALL: &str = "kvpages_direct_v1_call";
+
+/// Request kind: create the engine.
+pub const CREATE: u8 = 0;
+/// Request kind: apply a command.
+pub const APPLY: u8 = 1;
+/// Request kind: take a snapshot.
+pub const SNAPSHOT: u8 = 2;
+/// Request kind: replace the state with a snapshot's.
+pub const RESTORE: u8 = 3;
+
+/// Status: done; the reply is the request kind's.
+pub const OK: u32 = 0;
+/// Status: the core refused the command; the reply is `postcard(kvpages_core::Error)`.
+pub const REFUSED: u32 = 1;
+/// Status: the request could not be handled; the reply is a UTF-8 message.
+pub const FAULT: u32 = 2;
+
+/// `APPLY` op: any command, `postcard(Command)`.
+const OP_COMMAND: u8 = 0;
+/// `APPLY` op: allocate, header `postcard((Space, rank))`.
+const OP_ALLOCATE: u8 = 1;
+/// `APPLY` op: confirm, header `postcard((Space, rank, releases))`, then the pages as a
+/// `u32le` count and `u32le`s.
+const OP_CONFIRM: u8 = 2;
+/// `APPLY` op: exists, header `postcard(Space)`.
+const OP_EXISTS: u8 = 3;
+/// `APPLY` op: locations, header `postcard((Space, rank))`.
+const OP_LOCATIONS: u8 = 4;
+/// `APPLY` op: delete, header `postcard(Space)`.
+const OP_DELETE: u8 = 5;
+
+/// Appends an [`APPLY`] request for `cmd` at `now` to `out`; returns where its packed keys
+/// start (they run to the end): the host's journal copies them from there.
+pub fn encode_apply(out: &mut Vec<u8>, now: Millis, cmd: &Command) -> usize {
+    out.push(APPLY);
+    out.extend_from_slice(&now.to_le_bytes());
+    let put = |out: &mut Vec<u8>, header: &dyn erased::Header| header.put(out);
+    match cmd {
+        Command::Allocate { space, rank, keys } => {
+            out.push(OP_ALLOCATE);
+            put(out, &(space, *rank));
+            let start = out.len();
+            crate::convert::pack_keys(out, keys.iter());
+            start
+        }
+        Command::Confirm { space, rank, confirmations, releases } => {
+            out.push(OP_CONFIRM);
+            put(out, &(space, *rank, releases));
+            out.reserve(4 + 4 * confirmations.len());
+            out.extend_from_slice(&(confirmations.len() as u32).to_le_bytes());
+            for (_, page) in confirmations {
+                out.extend_from_slice(&page.to_le_bytes());
+            }
+            let start = out.len();
+            crate::convert::pack_keys(out, confirmations.iter().map(|(k, _)| k));
+            start
+        }
+        Command::Exists { space, keys } => {
+            out.push(OP_EXISTS);
+            put(out, space);
+            let start = out.len();
+            crate::convert::pack_keys(out, keys.iter());
+            start
+        }
+        Command::Locations { space, rank, keys } => {
+            out.push(OP_LOCATIONS);
+            put(out, &(space, *rank));
+            let start = out.len();
+            crate::convert::pack_keys(out, keys.iter());
+            start
+        }
+        Command::Delete { space, keys } => {
+            out.push(OP_DELETE);
+            put(out, space);
+            let start = out.len();
+            crate::convert::pack_keys(out, keys.iter());
+            start
+        }
+        other => {
+            out.push(OP_COMMAND);
+            put(out, other);
+            out.len()
+        }
+    }
+}
+
+/// The headers' encoding (postcard), behind one non-generic function so each header type does
+/// not get its own copy of the encoder in the guest.
+mod erased {
+    use alloc::vec::Vec;
+
+    pub(super) trait Header {
+        fn put(&self, out: &mut Vec<u8>);
+    }
+
+    impl<T: serde::Serialize> Header for T {
+        fn put(&self, out: &mut Vec<u8>) {
+            // Writing to a `Vec` cannot fail; the types are the core's, which always encode.
+            let bytes = core::mem::take(out);
+            *out = postcard::to_extend(self, bytes).expect("a header encodes");
+        }
+    }
+}
+
+/// An [`APPLY`] request, decoded: the command, and whether every key came in the raw form (see
+/// `convert::discard`).
+#[derive(Debug)]
+pub struct Applied {
+    /// The request's time.
+    pub now: Millis,
+    /// The command.
+    pub cmd: Command,
+    /// Every key of the batch was a raw 32-hex one.
+    pub raw: bool,
+}
+
+/// Decodes an [`APPLY`] request's body (after the kind byte), refusing anything malformed with
+/// a message (never a trap).
+pub fn decode_apply(body: &[u8]) -> Result<Applied, String> {
+    use crate::convert::unpack_batch;
+    let bad = |what: &str| alloc::format!("malformed direct request: {what}");
+    let (now, rest) = body.split_first_chunk::<8>().ok_or_else(|| bad("no time"))?;
+    let now = u64::from_le_bytes(*now);
+    let (&op, rest) = rest.split_first().ok_or_else(|| bad("no op"))?;
+    fn header<'a, T: serde::Deserialize<'a>>(rest: &'a [u8]) -> Result<(T, &'a [u8]), String> {
+        postcard::take_from_bytes(rest).map_err(|e| alloc::format!("malformed direct request: header: {e}"))
+    }
+    let keys = |rest: &[u8]| unpack_batch(rest, |_, key| key).map_err(|e| invalid(&e));
+    let (cmd, raw) = match op {
+        OP_ALLOCATE => {
+            let ((space, rank), rest): ((Space, u32), _) = header(rest)?;
+            let (keys, raw) = keys(rest)?;
+            (Command::Allocate { space, rank, keys }, raw)
+        }
+        OP_CONFIRM => {
+            let ((space, rank, releases), rest): ((Space, u32, Vec<u32>), _) = header(rest)?;
+            let (n, rest) = rest.split_first_chunk::<4>().ok_or_else(|| bad("no page count"))?;
+            let n = u32::from_le_bytes(*n) as usize;
+            let bytes = n.checked_mul(4).filter(|&b| b <= rest.len()).ok_or_else(|| bad("pages cut off"))?;
+            let (pages, rest) = rest.split_at(bytes);
+            let (pages, _) = pages.as_chunks::<4>();
+            // Each key with its page as it is decoded; a key count unlike the page count is
+            // refused just below, as the WIT interface's `confirm` refuses it.
+            let (confirmations, raw) =
+                unpack_batch(rest, |i, key| (key, pages.get(i).map_or(u32::MAX, |p| u32::from_le_bytes(*p))))
+                    .map_err(|e| invalid(&e))?;
+            if confirmations.len() != n {
+                let why =
+                    alloc::format!("{} keys but {n} pages: confirmations need one page per key", confirmations.len());
+                return Err(why);
+            }
+            (Command::Confirm { space, rank, confirmations, releases }, raw)
+        }
+        OP_EXISTS => {
+            let (space, rest): (Space, _) = header(rest)?;
+            let (keys, raw) = keys(rest)?;
+            (Command::Exists { space, keys }, raw)
+        }
+        OP_LOCATIONS => {
+            let ((space, rank), rest): ((Space, u32), _) = header(rest)?;
+            let (keys, raw) = keys(rest)?;
+            (Command::Locations { space, rank, keys }, raw)
+        }
+        OP_DELETE => {
+            let (space, rest): (Space, _) = header(rest)?;
+            let (keys, raw) = keys(rest)?;
+            (Command::Delete { space, keys }, raw)
+        }
+        OP_COMMAND => {
+            let cmd = postcard::from_bytes(rest).map_err(|e| bad(&alloc::format!("command: {e}")))?;
+            (cmd, false)
+        }
+        other => return Err(bad(&alloc::format!("op {other}"))),
+    };
+    Ok(Applied { now, cmd, raw })
+}
+
+fn invalid(e: &crate::bindings::exports::kvpages::engine::engine::Error) -> String {
+    use crate::bindings::exports::kvpages::engine::engine::Error;
+    match e {
+        Error::InvalidInput(why) => why.clone(),
+        other => alloc::format!("{other:?}"),
+    }
+}
+
+/// Appends `reply` to `out` for the host: the hot commands' replies as fixed-width fields (the
+/// host knows which command it sent, so no tag), any other in postcard.
+/// - `Allocated`: two `u32le` a distinct key, as WIT's `packed-allocations` (the index with
+///   bit 31 for a cache hit, then the page or `u32::MAX` for none);
+/// - `Exists`: a byte a key, 0 or 1;
+/// - `Locations`: a `u32le` a key, the page or `u32::MAX` for none;
+/// - `Deleted`: the count as `u32le`;
+/// - `Confirmed`: `committed · unchanged · superseded · released · refusals · (index · page ·
+///   reason)… · ignored · (page · reason)…`, all `u32le` (reasons numbered as the core's enums
+///   declare them).
+pub fn encode_reply(out: &mut Vec<u8>, reply: &Reply) -> Result<(), postcard::Error> {
+    match reply {
+        Reply::Allocated(a) => words(out, a.iter().flat_map(crate::convert::allocation_words), 2 * a.len()),
+        Reply::Exists(e) => out.extend(e.iter().map(|&b| u8::from(b))),
+        Reply::Locations(l) => words(out, l.iter().map(|p| p.unwrap_or(u32::MAX)), l.len()),
+        Reply::Deleted(n) => out.extend_from_slice(&n.to_le_bytes()),
+        Reply::Confirmed(r) => {
+            let head = [r.committed, r.unchanged, r.superseded, r.released, r.refused.len() as u32];
+            words(out, head.into_iter(), 5);
+            words(out, r.refused.iter().flat_map(|f| [f.index, f.page, f.reason as u32]), 3 * r.refused.len());
+            let ignored = &r.ignored_releases;
+            words(out, core::iter::once(ignored.len() as u32), 1);
+            words(out, ignored.iter().flat_map(|&(page, why)| [page, why as u32]), 2 * ignored.len());
+        }
+        other => *out = postcard::to_extend(other, core::mem::take(out))?,
+    }
+    Ok(())
+}
+
+/// Appends `n` words, little-endian (one capacity check; each word a fixed 4-byte store, not a
+/// `memory.copy`).
+fn words(out: &mut Vec<u8>, words: impl Iterator<Item = u32>, n: usize) {
+    out.reserve(4 * n);
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// A reply's `u32le` words, read in order.
+struct Words<'a>(&'a [u8]);
+
+impl Words<'_> {
+    fn next(&mut self) -> Result<u32, String> {
+        let (w, rest) = self.0.split_first_chunk::<4>().ok_or("a reply cut short")?;
+        self.0 = rest;
+        Ok(u32::from_le_bytes(*w))
+    }
+
+    /// The rest, which must be whole words.
+    fn all(self) -> Result<impl Iterator<Item = u32>, String> {
+        let (words, []) = self.0.as_chunks::<4>() else { return Err("a reply of a partial word".into()) };
+        Ok(words.iter().map(|w| u32::from_le_bytes(*w)))
+    }
+
+    /// Nothing may follow.
+    fn end(self, what: &str) -> Result<(), String> {
+        if self.0.is_empty() { Ok(()) } else { Err(alloc::format!("{what} with trailing bytes")) }
+    }
+}
+
+/// Decodes the reply to `cmd` ([`encode_reply`]'s forms) under the status the descriptor
+/// named: the core's answer, or why there is none (the guest's fault message, or a malformed
+/// reply).
+pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Reply, kvpages_core::Error>, String> {
+    use kvpages_core::{ConfirmReport, IgnoredRelease, Refusal, Refused};
+    match status {
+        OK => {}
+        REFUSED => return postcard::from_bytes(body).map(Err).map_err(|e| alloc::format!("a malformed refusal: {e}")),
+        FAULT => return Err(String::from_utf8_lossy(body).into_owned()),
+        other => return Err(alloc::format!("an unknown status {other}")),
+    }
+    let reply = match cmd {
+        Command::Allocate { .. } => {
+            let words: Vec<u32> = Words(body).all()?.collect();
+            let (pairs, []) = words.as_chunks::<2>() else {
+                return Err(alloc::format!("{} allocation words, not pairs", words.len()));
+            };
+            Reply::Allocated(pairs.iter().map(|&[i, p]| crate::convert::allocation_of(i, p)).collect())
+        }
+        Command::Exists { .. } => Reply::Exists(
+            body.iter()
+                .map(|&b| match b {
+                    0 | 1 => Ok(b == 1),
+                    _ => Err(alloc::format!("an exists byte {b}")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Command::Locations { .. } => {
+            Reply::Locations(Words(body).all()?.map(|p| (p != u32::MAX).then_some(p)).collect())
+        }
+        Command::Delete { .. } => {
+            let mut w = Words(body);
+            let n = w.next()?;
+            w.end("a delete count")?;
+            Reply::Deleted(n)
+        }
+        Command::Confirm { .. } => {
+            let mut w = Words(body);
+            let (committed, unchanged, superseded, released) = (w.next()?, w.next()?, w.next()?, w.next()?);
+            let n = w.next()? as usize;
+            let mut refused = Vec::with_capacity(n.min(body.len() / 12));
+            for _ in 0..n {
+                let (index, page) = (w.next()?, w.next()?);
+                let reason = match w.next()? {
+                    0 => Refusal::NotReserved,
+                    1 => Refusal::ReservedForAnotherKey,
+                    2 => Refusal::CommittedToAnotherKey,
+                    r => return Err(alloc::format!("a refusal reason {r}")),
+                };
+                refused.push(Refused { index, page, reason });
+            }
+            let n = w.next()? as usize;
+            let mut ignored_releases = Vec::with_capacity(n.min(body.len() / 8));
+            for _ in 0..n {
+                let page = w.next()?;
+                let why = match w.next()? {
+                    0 => IgnoredRelease::AlreadyFree,
+                    1 => IgnoredRelease::Committed,
+                    r => return Err(alloc::format!("an ignored-release reason {r}")),
+                };
+                ignored_releases.push((page, why));
+            }
+            w.end("a confirm report")?;
+            Reply::Confirmed(ConfirmReport { committed, unchanged, superseded, refused, released, ignored_releases })
+        }
+        _ => postcard::from_bytes(body).map_err(|e| alloc::format!("a malformed reply: {e}"))?,
+    };
+    Ok(Ok(reply))
+}
+
+/// Decodes a reply's descriptor: `(status, ptr, len)`.
+pub fn descriptor(bytes: [u8; 12]) -> (u32, u32, u32) {
+    let word = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    (word(0), word(4), word(8))
+}
+
+/// Handles one request; the reply's bytes are left in `reply` (cleared first; a snapshot is
+/// moved in whole). Returns the status.
+pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
+    // A snapshot's buffer (or any big reply) is not kept for the small replies after it.
+    if reply.capacity() > 1 << 20 {
+        *reply = Vec::new();
+    }
+    reply.clear();
+    let fault = |reply: &mut Vec<u8>, why: &str| {
+        reply.extend_from_slice(why.as_bytes());
+        FAULT
+    };
+    let Some((&kind, body)) = request.split_first() else { return fault(reply, "an empty direct request") };
+    match kind {
+        CREATE => {
+            let Some((seed, settings)) = body.split_first_chunk::<8>() else {
+                return fault(reply, "malformed direct request: no seed");
+            };
+            match postcard::from_bytes(settings) {
+                Ok(settings) => {
+                    crate::create(u64::from_le_bytes(*seed), settings);
+                    OK
+                }
+                Err(e) => fault(reply, &alloc::format!("malformed direct request: settings: {e}")),
+            }
+        }
+        APPLY => {
+            let Applied { now, cmd, raw } = match decode_apply(body) {
+                Ok(a) => a,
+                Err(why) => return fault(reply, &why),
+            };
+            #[cfg(feature = "chaos")]
+            let after = match &cmd {
+                Command::Allocate { keys, .. } => crate::chaos::before(keys),
+                _ => false,
+            };
+            let result = crate::run(now, cmd, raw);
+            #[cfg(feature = "chaos")]
+            crate::chaos::after(after);
+            let encoded = match result {
+                Ok(Ok(r)) => encode_reply(reply, &r).map(|()| OK),
+                Ok(Err(e)) => postcard::to_extend(&e, core::mem::take(reply)).map(|bytes| {
+                    *reply = bytes;
+                    REFUSED
+                }),
+                Err(crate::NotCreated) => return fault(reply, "the engine was not created"),
+            };
+            match encoded {
+                Ok(status) => status,
+                // Writing to a `Vec` does not fail; were it to, the host is told, not left guessing.
+                Err(e) => fault(reply, &alloc::format!("the reply does not encode: {e}")),
+            }
+        }
+        SNAPSHOT => match crate::snapshot() {
+            Ok(bytes) => {
+                *reply = bytes;
+                OK
+            }
+            Err(crate::NotCreated) => fault(reply, "the engine was not created"),
+        },
+        RESTORE => match crate::restore(body) {
+            Ok(()) => OK,
+            Err(why) => fault(reply, &why),
+        },
+        other => fault(reply, &alloc::format!("an unknown request kind {other}")),
+    }
+}
+
+/// The exchange's buffers and the last reply's descriptor.
+#[derive(Debug)]
+struct Exchange {
+    request: Vec<u8>,
+    reply: Vec<u8>,
+    descriptor: [u32; 3],
+}
+
+/// The guest's one exchange (single-threaded: see `State` in lib.rs).
+struct Shared(core::cell::RefCell<Exchange>);
+
+// SAFETY: as for lib.rs's `State`: wasm32 guests are single-threaded, and natively only the
+// unit tests touch it, one at a time under `TEST_LOCK`.
+unsafe impl Sync for Shared {}
+
+static EXCHANGE: Shared =
+    Shared(core::cell::RefCell::new(Exchange { request: Vec::new(), reply: Vec::new(), descriptor: [0; 3] }));
+
+/// [`BUFFER`]: at least `len` writable bytes for the next request (zeroed when it grows, so
+/// the buffer is always initialized memory); its address as a wasm32 pointer.
+pub fn buffer(len: u32) -> *mut u8 {
+    let mut x = EXCHANGE.0.borrow_mut();
+    let len = len as usize;
+    if x.request.len() < len {
+        x.request.resize(len, 0);
+    }
+    x.request.as_mut_ptr()
+}
+
+/// [`CALL`]: handles the request in the buffer's first `len` bytes; the address of the reply's
+/// descriptor.
+pub fn call(len: u32) -> *const u32 {
+    let mut x = EXCHANGE.0.borrow_mut();
+    let x = &mut *x;
+    let mut kind = None;
+    let status = match x.request.get(..len as usize) {
+        Some(request) => {
+            kind = request.first().copied();
+            handle(request, &mut x.reply)
+        }
+        None => {
+            x.reply.clear();
+            x.reply.extend_from_slice(b"the request is longer than the buffer");
+            FAULT
+        }
+    };
+    if kind == Some(RESTORE) {
+        // A snapshot-sized buffer is not kept for the small requests after it.
+        x.request = Vec::new();
+    }
+    // Pointers are 32 bits on wasm32, the only target the host calls this on.
+    x.descriptor = [status, x.reply.as_ptr() as usize as u32, x.reply.len() as u32];
+    x.descriptor.as_ptr()
+}
+
+#[cfg(target_arch = "wasm32")]
+mod exports {
+    // The names are [`super::BUFFER`] and [`super::CALL`]; the host looks them up in the
+    // component's core module (a host test checks that the embedded plugin has them).
+    #[unsafe(no_mangle)]
+    extern "C" fn kvpages_direct_v1_buffer(len: u32) -> *mut u8 {
+        super::buffer(len)
+    }
+
+    #[unsafe(no_mangle)]
+    extern "C" fn kvpages_direct_v1_call(len: u32) -> *const u32 {
+        super::call(len)
+    }
+}
