@@ -65,8 +65,6 @@ pub const REFUSED: u32 = 1;
 /// Status: the request could not be handled; the reply is a UTF-8 message.
 pub const FAULT: u32 = 2;
 
-/// `APPLY` op: any command, `postcard(Command)`.
-const OP_COMMAND: u8 = 0;
 /// `APPLY` op: allocate, header `postcard((Space, rank))`.
 const OP_ALLOCATE: u8 = 1;
 /// `APPLY` op: confirm, header `postcard((Space, rank, releases))`, then the pages as a
@@ -78,6 +76,17 @@ const OP_EXISTS: u8 = 3;
 const OP_LOCATIONS: u8 = 4;
 /// `APPLY` op: delete, header `postcard(Space)`.
 const OP_DELETE: u8 = 5;
+/// `APPLY` ops of the other commands, each with its fields as a postcard tuple (see
+/// [`encode_apply`]).
+const OP_CONFIGURE: u8 = 6;
+const OP_INITIALIZE: u8 = 7;
+const OP_INSPECT: u8 = 8;
+const OP_RESET: u8 = 9;
+const OP_CLEAR: u8 = 10;
+const OP_STATS: u8 = 11;
+const OP_IMPORT_SGLANG: u8 = 12;
+const OP_EXPORT_SGLANG: u8 = 13;
+const OP_LEASE_ALL: u8 = 14;
 
 /// Appends an [`APPLY`] request for `cmd` at `now` to `out`; returns where its packed keys
 /// start (they run to the end): the host's journal copies them from there.
@@ -126,12 +135,25 @@ pub fn encode_apply(out: &mut Vec<u8>, now: Millis, cmd: &Command) -> usize {
             crate::convert::pack_keys(out, keys.iter());
             start
         }
-        other => {
-            out.push(OP_COMMAND);
-            put(out, other);
-            out.len()
-        }
+        // The rest: each command's fields as a postcard tuple, no keys to pack (a serde derive
+        // of the whole `Command` would put ~27 KB of decoder into the guest, see `cold`).
+        Command::Configure(settings) => cold(out, OP_CONFIGURE, settings),
+        Command::Initialize { space, rank, num_pages } => cold(out, OP_INITIALIZE, &(space, *rank, *num_pages)),
+        Command::Inspect { space, key } => cold(out, OP_INSPECT, &(space, key)),
+        Command::Reset { space } => cold(out, OP_RESET, space),
+        Command::Clear { space } => cold(out, OP_CLEAR, space),
+        Command::Stats => cold(out, OP_STATS, &()),
+        Command::ImportSglang { pools, replace } => cold(out, OP_IMPORT_SGLANG, &(pools, *replace)),
+        Command::ExportSglang => cold(out, OP_EXPORT_SGLANG, &()),
+        Command::LeaseAll => cold(out, OP_LEASE_ALL, &()),
     }
+}
+
+/// Appends `op` and `fields`: a command without keys to pack.
+fn cold(out: &mut Vec<u8>, op: u8, fields: &dyn erased::Header) -> usize {
+    out.push(op);
+    fields.put(out);
+    out.len()
 }
 
 /// The headers' encoding (postcard), behind one non-generic function so each header type does
@@ -149,6 +171,26 @@ mod erased {
             let bytes = core::mem::take(out);
             *out = postcard::to_extend(self, bytes).expect("a header encodes");
         }
+    }
+}
+
+/// The rare commands' and replies' postcard, kept out of the hot paths. Each type is encoded on
+/// its own (a command's fields, a reply's payload), never as the whole `Command` or `Reply`:
+/// serde's derives of those two enums, inlined by the plugin's build, came to ~60 KB of guest
+/// code, a component ~20 % bigger and a compilation at start-up ~50 % longer.
+mod cold {
+    use alloc::string::String;
+    use alloc::vec::Vec;
+
+    /// The whole of `bytes` as a `T`.
+    #[inline(never)]
+    pub(super) fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+        postcard::from_bytes(bytes).map_err(|e| alloc::format!("malformed direct request: fields: {e}"))
+    }
+
+    #[inline(never)]
+    pub(super) fn encode<T: serde::Serialize + ?Sized>(value: &T, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
+        postcard::to_extend(value, out)
     }
 }
 
@@ -216,10 +258,24 @@ pub fn decode_apply(body: &[u8]) -> Result<Applied, String> {
             let (keys, raw) = keys(rest)?;
             (Command::Delete { space, keys }, raw)
         }
-        OP_COMMAND => {
-            let cmd = postcard::from_bytes(rest).map_err(|e| bad(&alloc::format!("command: {e}")))?;
-            (cmd, false)
+        OP_CONFIGURE => (Command::Configure(cold::decode(rest)?), false),
+        OP_INITIALIZE => {
+            let (space, rank, num_pages) = cold::decode(rest)?;
+            (Command::Initialize { space, rank, num_pages }, false)
         }
+        OP_INSPECT => {
+            let (space, key) = cold::decode(rest)?;
+            (Command::Inspect { space, key }, false)
+        }
+        OP_RESET => (Command::Reset { space: cold::decode(rest)? }, false),
+        OP_CLEAR => (Command::Clear { space: cold::decode(rest)? }, false),
+        OP_STATS => cold::decode::<()>(rest).map(|()| (Command::Stats, false))?,
+        OP_IMPORT_SGLANG => {
+            let (pools, replace) = cold::decode(rest)?;
+            (Command::ImportSglang { pools, replace }, false)
+        }
+        OP_EXPORT_SGLANG => cold::decode::<()>(rest).map(|()| (Command::ExportSglang, false))?,
+        OP_LEASE_ALL => cold::decode::<()>(rest).map(|()| (Command::LeaseAll, false))?,
         other => return Err(bad(&alloc::format!("op {other}"))),
     };
     Ok(Applied { now, cmd, raw })
@@ -233,8 +289,8 @@ fn invalid(e: &crate::bindings::exports::kvpages::engine::engine::Error) -> Stri
     }
 }
 
-/// Appends `reply` to `out` for the host: the hot commands' replies as fixed-width fields (the
-/// host knows which command it sent, so no tag), any other in postcard.
+/// Appends `reply` to `out` for the host: the hot commands' replies as fixed-width fields, the
+/// others' payloads in postcard (the host knows which command it sent, so no tag).
 /// - `Allocated`: two `u32le` a distinct key, as WIT's `packed-allocations` (the index with
 ///   bit 31 for a cache hit, then the page or `u32::MAX` for none);
 /// - `Exists`: a byte a key, 0 or 1;
@@ -257,8 +313,22 @@ pub fn encode_reply(out: &mut Vec<u8>, reply: &Reply) -> Result<(), postcard::Er
             words(out, core::iter::once(ignored.len() as u32), 1);
             words(out, ignored.iter().flat_map(|&(page, why)| [page, why as u32]), 2 * ignored.len());
         }
-        other => *out = postcard::to_extend(other, core::mem::take(out))?,
+        // The rest: each reply's payload in postcard (the host knows which it asked for).
+        Reply::Configured => {}
+        Reply::Initialized { rank, num_pages, outcome } => put(out, &(rank, num_pages, outcome))?,
+        Reply::Cleared { ranks, keys } => put(out, &(ranks, keys))?,
+        Reply::Key(info) => put(out, &info.as_deref())?,
+        Reply::Stats(stats) => put(out, &**stats)?,
+        Reply::Imported { pools, keys, leaked_pages } => put(out, &(pools, keys, leaked_pages))?,
+        Reply::SglangPools(pools) => put(out, pools)?,
+        Reply::Leased(n) => put(out, n)?,
     }
+    Ok(())
+}
+
+/// Appends `value` in postcard.
+fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), postcard::Error> {
+    *out = cold::encode(value, core::mem::take(out))?;
     Ok(())
 }
 
@@ -358,7 +428,37 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
             w.end("a confirm report")?;
             Reply::Confirmed(ConfirmReport { committed, unchanged, superseded, refused, released, ignored_releases })
         }
-        _ => postcard::from_bytes(body).map_err(|e| alloc::format!("a malformed reply: {e}"))?,
+        cold => {
+            fn get<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+                postcard::from_bytes(body).map_err(|e| alloc::format!("a malformed reply: {e}"))
+            }
+            match cold {
+                Command::Configure(_) => get::<()>(body).map(|()| Reply::Configured)?,
+                Command::Initialize { .. } => {
+                    let (rank, num_pages, outcome) = get(body)?;
+                    Reply::Initialized { rank, num_pages, outcome }
+                }
+                Command::Reset { .. } | Command::Clear { .. } => {
+                    let (ranks, keys) = get(body)?;
+                    Reply::Cleared { ranks, keys }
+                }
+                Command::Inspect { .. } => {
+                    Reply::Key(get::<Option<kvpages_core::KeyInfo>>(body)?.map(alloc::boxed::Box::new))
+                }
+                Command::Stats => Reply::Stats(alloc::boxed::Box::new(get(body)?)),
+                Command::ImportSglang { .. } => {
+                    let (pools, keys, leaked_pages) = get(body)?;
+                    Reply::Imported { pools, keys, leaked_pages }
+                }
+                Command::ExportSglang => Reply::SglangPools(get(body)?),
+                Command::LeaseAll => Reply::Leased(get(body)?),
+                Command::Allocate { .. }
+                | Command::Confirm { .. }
+                | Command::Exists { .. }
+                | Command::Locations { .. }
+                | Command::Delete { .. } => unreachable!("decoded above"),
+            }
+        }
     };
     Ok(Ok(reply))
 }
@@ -387,12 +487,12 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
             let Some((seed, settings)) = body.split_first_chunk::<8>() else {
                 return fault(reply, "malformed direct request: no seed");
             };
-            match postcard::from_bytes(settings) {
+            match cold::decode(settings) {
                 Ok(settings) => {
                     crate::create(u64::from_le_bytes(*seed), settings);
                     OK
                 }
-                Err(e) => fault(reply, &alloc::format!("malformed direct request: settings: {e}")),
+                Err(why) => fault(reply, &why),
             }
         }
         APPLY => {
@@ -410,10 +510,7 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
             crate::chaos::after(after);
             let encoded = match result {
                 Ok(Ok(r)) => encode_reply(reply, &r).map(|()| OK),
-                Ok(Err(e)) => postcard::to_extend(&e, core::mem::take(reply)).map(|bytes| {
-                    *reply = bytes;
-                    REFUSED
-                }),
+                Ok(Err(e)) => put(reply, &e).map(|()| REFUSED),
                 Err(crate::NotCreated) => return fault(reply, "the engine was not created"),
             };
             match encoded {
