@@ -543,3 +543,155 @@ impl Instance {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox of a core module (WAT) exporting the direct entry point, as if found in a
+    /// component: the guest's side of the exchange is whatever the module does.
+    fn direct_sandbox(wat: &str) -> Sandbox {
+        let module = wasmtime::Module::new(engine(), wat).unwrap();
+        let limits = Limits { memory: 1 << 20, call: Duration::from_millis(50), ..Limits::default() };
+        Sandbox { way: Way::Direct(Sandbox::direct(&module, "test").unwrap()), limits, origin: "test".into() }
+    }
+
+    /// A guest whose `call` answers the descriptor at `descriptor`, which holds `(status, ptr,
+    /// len)`; its buffer is at 1024.
+    fn guest(descriptor: u32, status: u32, ptr: u32, len: u32) -> String {
+        format!(
+            r#"(module
+                (memory (export "memory") 1)
+                (func (export "kvpages_direct_v1_buffer") (param i32) (result i32) i32.const 1024)
+                (func (export "kvpages_direct_v1_call") (param i32) (result i32)
+                    (i32.store (i32.const 64) (i32.const {status}))
+                    (i32.store (i32.const 68) (i32.const {ptr}))
+                    (i32.store (i32.const 72) (i32.const {len}))
+                    i32.const {descriptor}))"#
+        )
+    }
+
+    #[test]
+    fn a_well_behaved_direct_guest_is_read_where_its_descriptor_points() {
+        // The reply is the request's own first 3 bytes, in the buffer at 1024.
+        let mut inst = direct_sandbox(&guest(64, 7, 1024, 3)).instantiate().unwrap();
+        assert!(inst.is_direct());
+        let (status, reply) = inst.exchange(Budget::Fixed, b"abcdef").unwrap();
+        assert_eq!((status, reply), (7, &b"abc"[..]));
+    }
+
+    #[test]
+    fn a_direct_guest_pointing_outside_its_memory_is_a_trap_not_a_read() {
+        let page = 64 * 1024;
+        for (wat, why) in [
+            (guest(page - 8, 0, 0, 0), "descriptor lies outside"),
+            (guest(64, 0, page - 2, 3), "reply lies outside"),
+            (guest(64, 0, u32::MAX, 1), "reply lies outside"),
+            (guest(64, 0, 16, u32::MAX), "reply lies outside"),
+        ] {
+            let mut inst = direct_sandbox(&wat).instantiate().unwrap();
+            match inst.exchange(Budget::Fixed, b"x") {
+                Err(Trap::Other(e)) => assert!(e.contains(why), "{e}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A request buffer outside the memory: nothing is written anywhere.
+        let wat = guest(64, 0, 0, 0).replace("i32.const 1024", "i32.const 65534");
+        let mut inst = direct_sandbox(&wat).instantiate().unwrap();
+        match inst.exchange(Budget::Fixed, b"xyz") {
+            Err(Trap::Other(e)) => assert!(e.contains("request buffer lies outside"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_direct_guest_is_held_to_its_deadline_and_memory_cap() {
+        let looping = r#"(module
+            (memory (export "memory") 1)
+            (func (export "kvpages_direct_v1_buffer") (param i32) (result i32) i32.const 1024)
+            (func (export "kvpages_direct_v1_call") (param i32) (result i32) (loop (br 0)) i32.const 0))"#;
+        let mut inst = direct_sandbox(looping).instantiate().unwrap();
+        assert!(matches!(inst.exchange(Budget::Fixed, b"x"), Err(Trap::Deadline(_))));
+        let growing = r#"(module
+            (memory (export "memory") 1)
+            (func (export "kvpages_direct_v1_buffer") (param i32) (result i32) i32.const 1024)
+            (func (export "kvpages_direct_v1_call") (param i32) (result i32)
+                (drop (memory.grow (i32.const 100))) i32.const 0))"#;
+        let mut inst = direct_sandbox(growing).instantiate().unwrap();
+        match inst.exchange(Budget::Fixed, b"x") {
+            Err(Trap::MemoryCap { cap, wanted }) => assert_eq!((cap, wanted), (1 << 20, 101 * 65536)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_direct_guest_answering_malformed_replies_is_a_fault_not_a_panic() {
+        use crate::engine::{Engine, EngineError};
+        use kvpages_core::{Command, Key, Space};
+        // Every request answered "OK" with the bytes ff ff ff.
+        let wat = guest(64, direct::OK, 128, 3).replace(
+            "(func (export \"kvpages_direct_v1_buffer\")",
+            "(data (i32.const 128) \"\\ff\\ff\\ff\") (func (export \"kvpages_direct_v1_buffer\")",
+        );
+        let mut e =
+            super::super::PluginEngine::new(direct_sandbox(&wat), 1, kvpages_core::Settings::default()).unwrap();
+        let keys = vec![Key::parse("k").unwrap()];
+        for (cmd, why) in [
+            (Command::Exists { space: Space::Vllm, keys: keys.clone() }, "an exists byte 255"),
+            (Command::Allocate { space: Space::Vllm, rank: 0, keys: keys.clone() }, "a partial word"),
+            (Command::Delete { space: Space::Vllm, keys }, "a reply cut short"),
+            (Command::Stats, "a malformed reply"),
+        ] {
+            match e.apply(1, &cmd) {
+                Err(EngineError::Fault(f)) => assert!(f.contains(why), "{cmd:?}: {f}"),
+                other => panic!("{cmd:?}: {other:?}"),
+            }
+        }
+        assert_eq!(e.traps(), 0);
+    }
+
+    /// A component (WAT) holding the given core modules, instantiated and nothing else.
+    fn component(modules: &[&str]) -> Vec<u8> {
+        let body: String = modules.iter().map(|m| format!("(core module {m})")).collect();
+        wat::parse_str(format!("(component {body})")).unwrap()
+    }
+
+    const ENTRY: &str = r#"(memory (export "memory") 1)
+        (func (export "kvpages_direct_v1_buffer") (param i32) (result i32) i32.const 0)
+        (func (export "kvpages_direct_v1_call") (param i32) (result i32) i32.const 0)"#;
+
+    #[test]
+    fn the_direct_entry_point_is_the_one_core_module_with_both_exports() {
+        assert!(direct_module(&component(&[ENTRY]), "c").unwrap().is_some());
+        // Beside a module without it: found.
+        assert!(direct_module(&component(&["(func (export \"f\"))", ENTRY]), "c").unwrap().is_some());
+        // Only one of the two exports: none.
+        let half = r#"(memory (export "memory") 1)
+            (func (export "kvpages_direct_v1_call") (param i32) (result i32) i32.const 0)"#;
+        assert!(direct_module(&component(&[half]), "c").unwrap().is_none());
+        assert!(direct_module(&component(&[]), "c").unwrap().is_none());
+        // Two: refused, as is one that imports anything.
+        let e = direct_module(&component(&[ENTRY, ENTRY]), "c").unwrap_err();
+        assert!(e.contains("more than one core module"), "{e}");
+        let importing = format!(r#"(import "env" "f" (func)) {ENTRY}"#);
+        let e = direct_module(&component(&[&importing]), "c").unwrap_err();
+        assert!(e.contains("imports 1 items"), "{e}");
+        // A module that names the exports but does not link as one (wrong types) fails at
+        // instantiation, with the export named.
+        let wrong = r#"(memory (export "memory") 1)
+            (func (export "kvpages_direct_v1_buffer") (result i32) i32.const 0)
+            (func (export "kvpages_direct_v1_call") (param i32) (result i32) i32.const 0)"#;
+        let module = direct_module(&component(&[wrong]), "c").unwrap().unwrap();
+        let limits = Limits::default();
+        let sandbox = Sandbox { way: Way::Direct(Sandbox::direct(&module, "c").unwrap()), limits, origin: "c".into() };
+        let e = sandbox.instantiate().unwrap_err();
+        assert!(e.contains("kvpages_direct_v1_buffer"), "{e}");
+    }
+
+    #[test]
+    fn the_embedded_plugin_is_called_through_its_direct_entry_point() {
+        let auto = Sandbox::embedded(Limits::default(), Calls::Auto).unwrap();
+        assert_eq!(auto.calls(), Calls::Direct);
+        assert_eq!(Sandbox::embedded(Limits::default(), Calls::Wit).unwrap().calls(), Calls::Wit);
+    }
+}

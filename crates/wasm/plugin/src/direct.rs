@@ -603,3 +603,186 @@ mod exports {
         super::call(len)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use kvpages_core::{Core, Eviction, Key, Settings, SglangPool};
+
+    use super::*;
+
+    fn key(s: &str) -> Key {
+        Key::parse(s).unwrap()
+    }
+
+    /// Sends `cmd` through the exchange's guest side (`handle`) and decodes the reply as the
+    /// host does.
+    fn through(now: Millis, cmd: &Command) -> Result<Result<Reply, kvpages_core::Error>, String> {
+        let mut request = Vec::new();
+        encode_apply(&mut request, now, cmd);
+        let mut reply = Vec::new();
+        let status = handle(&request, &mut reply);
+        decode_reply(cmd, status, &reply)
+    }
+
+    fn create(seed: u64, settings: Settings) {
+        let mut request = vec![CREATE];
+        request.extend_from_slice(&seed.to_le_bytes());
+        let request = postcard::to_extend(&settings, request).unwrap();
+        assert_eq!(handle(&request, &mut Vec::new()), OK);
+    }
+
+    /// Every kind of command, and of reply (refusals included), through the direct entry
+    /// point answers exactly what the core answers directly.
+    #[test]
+    fn every_command_and_reply_crosses_the_exchange_unchanged() {
+        let _serial = crate::TEST_LOCK.lock().unwrap();
+        let settings = Settings { eviction: Eviction::Off, ..Settings::default() };
+        create(9, settings);
+        let mut core = Core::new(9, settings);
+        let hex = key("386b2d9cf5aa91ba3a4b42c35396c822");
+        let sg = Space::Sglang { rank: 1, namespace: "kv".into() };
+        let commands = vec![
+            Command::Stats,
+            Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex.clone()] },
+            Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 4 },
+            Command::Initialize { space: sg.clone(), rank: 1, num_pages: 8 },
+            Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex.clone(), key("t"), hex.clone()] },
+            Command::Confirm {
+                space: Space::Vllm,
+                rank: 0,
+                confirmations: vec![(hex.clone(), 0), (key("t"), 3)],
+                releases: vec![2, 1],
+            },
+            Command::Confirm { space: Space::Vllm, rank: 0, confirmations: vec![(key("u"), 9)], releases: vec![] },
+            Command::Confirm { space: Space::Vllm, rank: 0, confirmations: vec![(key("u"), 2)], releases: vec![] },
+            Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![key("a"), key("b"), key("c"), key("d")] },
+            Command::Exists { space: Space::Vllm, keys: vec![hex.clone(), key("t"), key("x")] },
+            Command::Locations { space: Space::Vllm, rank: 0, keys: vec![key("x"), hex.clone()] },
+            Command::Inspect { space: Space::Vllm, key: hex.clone() },
+            Command::Inspect { space: Space::Vllm, key: key("nope") },
+            Command::Allocate { space: sg.clone(), rank: 1, keys: vec![key("s1"), key("s2")] },
+            Command::Confirm { space: sg.clone(), rank: 1, confirmations: vec![(key("s1"), 7)], releases: vec![] },
+            Command::ExportSglang,
+            Command::ImportSglang {
+                pools: vec![SglangPool {
+                    rank: 2,
+                    namespace: "kv".into(),
+                    num_pages: 4,
+                    free_pages: vec![3, 2],
+                    keys: vec![(key("i"), 0), (hex.clone(), 1)],
+                }],
+                replace: true,
+            },
+            Command::ImportSglang { pools: vec![], replace: false },
+            Command::LeaseAll,
+            Command::Delete { space: Space::Vllm, keys: vec![hex.clone(), key("x")] },
+            Command::Configure(Settings { reservation_ttl: 5, ..settings }),
+            Command::Stats,
+            Command::Clear { space: sg },
+            Command::Reset { space: Space::Vllm },
+            Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![] },
+        ];
+        let mut kinds = alloc::collections::BTreeSet::new();
+        for (i, cmd) in commands.iter().enumerate() {
+            let now = 10 + i as u64;
+            let want = core.apply(now, cmd);
+            let got = through(now, cmd).unwrap();
+            assert_eq!(got, want, "{i}: {cmd:?}");
+            kinds.insert(alloc::format!("{:?}", got.map(|r| core::mem::discriminant(&r))));
+        }
+        // All 13 kinds of reply, and refusals of four kinds.
+        assert_eq!(kinds.iter().filter(|k| k.starts_with("Ok")).count(), 13, "{kinds:?}");
+        assert_eq!(kinds.iter().filter(|k| k.starts_with("Err")).count(), 4, "{kinds:?}");
+        assert_eq!(crate::snapshot().unwrap(), core.snapshot());
+    }
+
+    #[test]
+    fn malformed_requests_are_faults_that_change_nothing() {
+        let _serial = crate::TEST_LOCK.lock().unwrap();
+        create(3, Settings::default());
+        let init = Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 8 };
+        assert!(through(1, &init).unwrap().is_ok());
+        let before = crate::snapshot().unwrap();
+        let mut good = Vec::new();
+        encode_apply(
+            &mut good,
+            2,
+            &Command::Confirm { space: Space::Vllm, rank: 0, confirmations: vec![(key("a"), 0)], releases: vec![] },
+        );
+        let mut extra_key = good.clone();
+        extra_key.extend_from_slice(&[1, 0, b'b']);
+        let mut bad_key = good.clone();
+        bad_key.truncate(bad_key.len() - 1);
+        bad_key.extend_from_slice(&[0xff]);
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (vec![], "an empty direct request"),
+            (vec![99], "an unknown request kind 99"),
+            (vec![APPLY, 1, 2], "no time"),
+            (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0], "no op"),
+            (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, 200], "op 200"),
+            (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, OP_ALLOCATE], "header"),
+            (good[..good.len() - 2].to_vec(), "keys[0]: the length prefix is cut off"),
+            (extra_key, "2 keys but 1 pages"),
+            (bad_key, "keys[0]: the key is not UTF-8"),
+        ];
+        for (request, why) in cases {
+            let mut reply = Vec::new();
+            assert_eq!(handle(&request, &mut reply), FAULT, "{request:?}");
+            let text = core::str::from_utf8(&reply).unwrap();
+            assert!(text.contains(why), "{request:?}: {text}");
+        }
+        assert_eq!(crate::snapshot().unwrap(), before);
+        // A confirm whose page list is cut short: refused, not read past.
+        let mut request = Vec::new();
+        encode_apply(
+            &mut request,
+            2,
+            &Command::Confirm { space: Space::Vllm, rank: 0, confirmations: vec![], releases: vec![] },
+        );
+        let at = request.len() - 4;
+        request[at..].copy_from_slice(&1000u32.to_le_bytes());
+        let mut reply = Vec::new();
+        assert_eq!(handle(&request, &mut reply), FAULT);
+        assert!(core::str::from_utf8(&reply).unwrap().contains("pages cut off"));
+        // No engine: a fault, not a trap.
+        *crate::STATE.0.borrow_mut() = None;
+        assert!(through(3, &init).unwrap_err().contains("not created"));
+        let mut reply = Vec::new();
+        assert_eq!(handle(&[SNAPSHOT], &mut reply), FAULT);
+        assert_eq!(handle(&[RESTORE, 1, 2, 3], &mut reply), FAULT);
+        let mut request = vec![RESTORE];
+        request.extend_from_slice(&before);
+        assert_eq!(handle(&request, &mut reply), OK);
+        assert_eq!(crate::snapshot().unwrap(), before);
+    }
+
+    #[test]
+    fn malformed_replies_are_refused_by_the_decoder() {
+        let keys = vec![key("a")];
+        let alloc = Command::Allocate { space: Space::Vllm, rank: 0, keys: keys.clone() };
+        let exists = Command::Exists { space: Space::Vllm, keys: keys.clone() };
+        let confirm = Command::Confirm { space: Space::Vllm, rank: 0, confirmations: vec![], releases: vec![] };
+        for (cmd, status, body, why) in [
+            (&alloc, OK, &[0u8; 4][..], "1 allocation words"),
+            (&alloc, OK, &[0u8; 5][..], "partial word"),
+            (&exists, OK, &[2u8][..], "an exists byte 2"),
+            (&confirm, OK, &[0u8; 20][..], "cut short"),
+            (&confirm, OK, &[0u8; 28][..], "trailing bytes"),
+            (&exists, 7, &[][..], "an unknown status 7"),
+            (&exists, REFUSED, &[200][..], "a malformed refusal"),
+            (&exists, FAULT, &b"why"[..], "why"),
+            (&Command::Stats, OK, &[][..], "a malformed reply"),
+        ] {
+            let e = decode_reply(cmd, status, body).unwrap_err();
+            assert!(e.contains(why), "{cmd:?} {body:?}: {e}");
+        }
+        let mut body = vec![0u8; 20];
+        body[16] = 1; // one refusal ...
+        body.extend_from_slice(&[0; 8]);
+        body.extend_from_slice(&9u32.to_le_bytes()); // ... with reason 9
+        body.extend_from_slice(&[0; 4]);
+        assert!(decode_reply(&confirm, OK, &body).unwrap_err().contains("a refusal reason 9"));
+    }
+}
