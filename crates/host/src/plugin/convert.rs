@@ -1,8 +1,11 @@
-//! `Command` → one WIT call → `Reply`: the host side of `wit/kvpages.wit`, field for field.
+//! `Command` → one call → `Reply`, by either way in: a request to the plugin's direct entry
+//! point (`kvpages_plugin::direct`, whose codec both sides share), or the host side of
+//! `wit/kvpages.wit`, field for field.
 //!
 //! The guest's domain errors come back as the core's [`kvpages_core::Error`], so the routes
 //! answer them exactly as for the native engine. The WIT-only errors (`invalid-input`,
-//! `not-created`, ...) mean the host sent something it never should: a fault.
+//! `not-created`, ...) and the direct entry point's faults mean the host sent something it never
+//! should, or the guest answered something malformed: a fault.
 
 use kvpages_core as kv;
 use kvpages_core::{Command, Key, Millis, Reply};

@@ -3,8 +3,9 @@
 //!
 //! # Layout
 //! - [`sandbox`]: the narrow wrapper around wasmtime (engine config, epoch deadlines, memory cap,
-//!   no imports, `InstancePre`); the only code here that names wasmtime's configuration.
-//! - `convert`: `Command` → WIT call → `Reply`, field for field.
+//!   no imports, `InstancePre`, the way in: the direct entry point or the WIT interface); the only
+//!   code here that names wasmtime's configuration.
+//! - `convert`: `Command` → one call (a direct request, or a WIT call) → `Reply`.
 //! - this file: [`PluginEngine`], which adds containment: after a trap, the instance is rebuilt and
 //!   its state restored to exactly what it was before the failing call.
 //!
