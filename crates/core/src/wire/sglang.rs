@@ -206,10 +206,18 @@ pub(super) fn answer(op: Op, command: Command, result: Result<Reply, Error>) -> 
         (Op::Reserve, Reply::Allocated(results)) => {
             let Command::Allocate { keys, .. } = &command else { unreachable!("built by parse") };
             // The core answers once per distinct key; the peer answers every position.
-            let by_key: HashMap<&Key, (bool, i64)> =
-                results.iter().map(|a| (&keys[a.index as usize], (a.cached, a.page.map_or(-1, i64::from)))).collect();
-            let indices = keys.iter().map(|k| by_key[k]).collect();
-            Ok(Answer::json(&ReserveReply { indices }))
+            // An engine that answered an index out of range or left a key out (a broken plugin:
+            // the core never does) gets the engine-fault answer, not a panic.
+            let by_key: Option<HashMap<&Key, (bool, i64)>> = results
+                .iter()
+                .map(|a| Some((keys.get(a.index as usize)?, (a.cached, a.page.map_or(-1, i64::from)))))
+                .collect();
+            let indices: Option<Vec<_>> =
+                by_key.and_then(|by_key| keys.iter().map(|k| by_key.get(k).copied()).collect());
+            match indices {
+                Some(indices) => Ok(Answer::json(&ReserveReply { indices })),
+                None => Err(unexpected(&Reply::Allocated(results))),
+            }
         }
         (Op::Locations, Reply::Locations(indices)) => Ok(Answer::json(&PagesReply { indices })),
         (_, other) => Err(unexpected(&other)),

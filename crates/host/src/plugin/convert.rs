@@ -302,43 +302,49 @@ pub(super) fn call(
     buf: &mut CallBuffer,
 ) -> Result<Result<Reply, EngineError>, Trap> {
     let budget = budget(cmd);
-    if inst.is_direct() {
+    let result = if inst.is_direct() {
         buf.bytes.clear();
         buf.keys = direct::encode_apply(&mut buf.bytes, now, cmd);
         let (status, reply) = inst.exchange(budget, &buf.bytes)?;
-        return Ok(match direct::decode_reply(cmd, status, reply) {
-            Ok(Ok(reply)) if answers(cmd, &reply) => Ok(reply),
-            Ok(Ok(reply)) => Err(EngineError::Fault(format!(
-                "the plugin answered {} with a reply of another kind: {reply:?}",
-                name(cmd)
-            ))),
+        match direct::decode_reply(cmd, status, reply) {
+            Ok(Ok(reply)) => Ok(reply),
             Ok(Err(refusal)) => Err(EngineError::Domain(refusal)),
             Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
-        });
-    }
-    pack_keys_of(&mut buf.bytes, cmd);
-    buf.keys = 0;
-    call_wit(inst, now, cmd, budget, &buf.bytes)
+        }
+    } else {
+        pack_keys_of(&mut buf.bytes, cmd);
+        buf.keys = 0;
+        call_wit(inst, now, cmd, budget, &buf.bytes)?
+    };
+    Ok(result.and_then(|reply| match fits(cmd, &reply) {
+        Ok(()) => Ok(reply),
+        Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", name(cmd)))),
+    }))
 }
 
-/// Whether `reply` is the kind of reply `cmd` gets.
-fn answers(cmd: &Command, reply: &Reply) -> bool {
-    matches!(
-        (cmd, reply),
-        (Command::Configure(_), Reply::Configured)
-            | (Command::Initialize { .. }, Reply::Initialized { .. })
-            | (Command::Allocate { .. }, Reply::Allocated(_))
-            | (Command::Confirm { .. }, Reply::Confirmed(_))
-            | (Command::Exists { .. }, Reply::Exists(_))
-            | (Command::Locations { .. }, Reply::Locations(_))
-            | (Command::Delete { .. }, Reply::Deleted(_))
-            | (Command::Inspect { .. }, Reply::Key(_))
-            | (Command::Clear { .. } | Command::Reset { .. }, Reply::Cleared { .. })
-            | (Command::Stats, Reply::Stats(_))
-            | (Command::ImportSglang { .. }, Reply::Imported { .. })
-            | (Command::ExportSglang, Reply::SglangPools(_))
-            | (Command::LeaseAll, Reply::Leased(_))
-    )
+/// Whether a plugin's `reply` fits `cmd` where the routes rely on it: they index the batch's
+/// keys by the answer, so a plugin (trusted for nothing) must answer a batch lookup key for key
+/// and an allocation at key positions, each distinct key once, in order — as the core does.
+fn fits(cmd: &Command, reply: &Reply) -> Result<(), String> {
+    match (cmd, reply) {
+        (Command::Exists { keys, .. }, Reply::Exists(answers)) if answers.len() != keys.len() => {
+            Err(format!("{} answers for {} keys", answers.len(), keys.len()))
+        }
+        (Command::Locations { keys, .. }, Reply::Locations(answers)) if answers.len() != keys.len() => {
+            Err(format!("{} answers for {} keys", answers.len(), keys.len()))
+        }
+        (Command::Allocate { keys, .. }, Reply::Allocated(a)) => {
+            let mut next = 0;
+            for a in a {
+                if (a.index as usize) < next || a.index as usize >= keys.len() {
+                    return Err(format!("an allocation for key {} of {} out of order or range", a.index, keys.len()));
+                }
+                next = a.index as usize + 1;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A fresh engine in `inst` (either way in).
@@ -376,7 +382,8 @@ pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, T
         let (status, reply) = inst.exchange(Budget::State, &[direct::SNAPSHOT])?;
         return Ok(match status {
             direct::OK => Ok(reply.to_vec()),
-            _ => Err(String::from_utf8_lossy(reply).into_owned()),
+            direct::FAULT => Err(direct::fault_text(reply)),
+            other => Err(format!("an unknown status {other}")),
         });
     }
     Ok(inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?.map_err(|e| format!("{e:?}")))
@@ -386,7 +393,8 @@ pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, T
 fn ok_or_fault(status: u32, reply: &[u8], what: &str) -> Result<(), String> {
     match status {
         direct::OK => Ok(()),
-        _ => Err(format!("{what}: {}", String::from_utf8_lossy(reply))),
+        direct::FAULT => Err(format!("{what}: {}", direct::fault_text(reply))),
+        other => Err(format!("{what}: an unknown status {other}")),
     }
 }
 

@@ -221,6 +221,21 @@ impl Engine for PluginEngine {
         let inst = self.instance.as_mut().expect("just ensured");
         let start = std::time::Instant::now();
         match convert::call(inst, now, cmd, &mut self.buf) {
+            Ok(Err(EngineError::Fault(why))) if cmd.is_mutating() => {
+                // The guest answered something malformed (or refused what the host built): it
+                // may have applied the command all the same, which the journal does not hold.
+                // The instance is rebuilt from the snapshot and the journal, so its state stays
+                // the one recovery would give.
+                tracing::error!(command = convert::name(cmd), "{why}; rebuilding the plugin's instance");
+                self.instance = None;
+                match self.rebuild() {
+                    Ok(inst) => self.instance = Some(inst),
+                    Err(e) => {
+                        tracing::error!("the plugin engine could not be restored: {e}; the next request tries again")
+                    }
+                }
+                Err(EngineError::Fault(why))
+            }
             Ok(result) => {
                 // Like the write-ahead log: a refused command changed nothing worth replaying.
                 if cmd.is_mutating() && result.is_ok() {

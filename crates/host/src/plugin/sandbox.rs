@@ -10,7 +10,9 @@
 //!   functions). A component that imports anything, or that does not export
 //!   `kvpages:engine/engine@0.2.0`, is refused when it is loaded, with the reason.
 //! - A component is compiled once ([`Sandbox::load`]) into an `InstancePre`; instantiating it
-//!   again after a trap costs ~0.1 ms.
+//!   again after a trap costs ~0.1 ms. A `--plugin` file taken the direct way is compiled twice
+//!   at start-up (the component, to check its world, then its core module); the embedded plugin
+//!   only as its core module.
 //! - Two ways in ([`Calls`]): the component's WIT interface, or — when the component's core
 //!   module exports kvpages' direct entry point (`kvpages_plugin::direct`; kvpages' own plugin
 //!   does) — that module instantiated on its own and driven through one plain call a command.
@@ -90,7 +92,8 @@ pub enum Budget {
 }
 
 /// Why a call did not return: the instance is unusable afterwards (wasmtime refuses to enter a
-/// component instance that trapped) and must be rebuilt.
+/// component instance that trapped; a core instance would run, but the guest's memory may hold a
+/// half-applied command and borrows never released) and must be rebuilt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Trap {
     /// The call ran past its deadline (epoch interruption).
@@ -231,20 +234,28 @@ impl Sandbox {
             Component::new(engine, bytes).map_err(|e| format!("{origin} is not a valid component: {e:#}"))?;
         tracing::info!(bytes = bytes.len(), ms = start.elapsed().as_millis() as u64, "compiled {origin}");
         let pre = Sandbox::wit(&component, origin)?;
-        let way = match calls {
-            Calls::Wit => Way::Wit(Box::new(pre)),
-            Calls::Auto | Calls::Direct => match direct_module(bytes, origin)? {
-                Some(module) => Way::Direct(Sandbox::direct(&module, origin)?),
-                None if calls == Calls::Direct => {
-                    return Err(format!(
-                        "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
-                         use --plugin-calls wit or auto",
-                        direct::BUFFER,
-                        direct::CALL
-                    ));
-                }
-                None => Way::Wit(Box::new(pre)),
-            },
+        let found = match calls {
+            Calls::Wit => Ok(None),
+            Calls::Auto | Calls::Direct => {
+                direct_module(bytes, origin).and_then(|m| m.map(|m| Sandbox::direct(&m, origin)).transpose())
+            }
+        };
+        let way = match (found, calls) {
+            (Ok(Some(pre)), _) => Way::Direct(pre),
+            (Err(e), Calls::Direct) => return Err(e),
+            (Ok(None), Calls::Direct) => {
+                return Err(format!(
+                    "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
+                     use --plugin-calls wit or auto",
+                    direct::BUFFER,
+                    direct::CALL
+                ));
+            }
+            (Err(e), _) => {
+                tracing::warn!("{e}; calling it through its WIT interface");
+                Way::Wit(Box::new(pre))
+            }
+            (Ok(None), _) => Way::Wit(Box::new(pre)),
         };
         Ok(Sandbox { way, limits, origin: origin.to_owned() })
     }
@@ -293,7 +304,9 @@ impl Sandbox {
                 .get_or_init(|| {
                     let start = std::time::Instant::now();
                     let module = direct_module(super::EMBEDDED, origin);
-                    compiled("core module", start);
+                    if let Ok(Some(_)) = module {
+                        compiled("core module", start);
+                    }
                     module
                 })
                 .as_ref()
@@ -363,6 +376,13 @@ impl Sandbox {
         };
         Ok(Instance { store, exports, limits: self.limits })
     }
+}
+
+/// The bytes `[at, at + len)` of a guest's memory as a host range (computed in u64: no overflow
+/// whatever the host's pointer width); `None` when it does not fit a `usize`.
+fn span(at: u32, len: u64) -> Option<std::ops::Range<usize>> {
+    let end = u64::from(at).checked_add(len)?;
+    Some(usize::try_from(at).ok()?..usize::try_from(end).ok()?)
 }
 
 /// The core module of `component` that exports the direct entry point, compiled; `None` when
@@ -484,24 +504,28 @@ impl Instance {
     }
 
     /// Calls into the guest's WIT interface with a deadline fitted to `budget`; a trap comes
-    /// back as [`Trap`]. Panics on an instance called through the direct entry point.
+    /// back as [`Trap`] (as does a call on an instance taken the direct way, which has none).
     pub fn call<R>(
         &mut self,
         budget: Budget,
         f: impl FnOnce(&Plugin, &mut Store<Guard>) -> wasmtime::Result<R>,
     ) -> Result<R, Trap> {
         let limit = self.arm(budget);
-        let Exports::Wit(plugin) = &self.exports else { panic!("a WIT call on a direct instance") };
+        let Exports::Wit(plugin) = &self.exports else {
+            return Err(Trap::Other("a WIT call on an instance taken through the direct entry point".into()));
+        };
         f(plugin, &mut self.store).map_err(|e| self.trap(e, limit))
     }
 
     /// Hands `request` to the guest's direct entry point with a deadline fitted to `budget`:
     /// the reply's status and bytes (in the guest's memory, valid until the next call). A trap,
     /// or a reply the guest points outside its memory, comes back as [`Trap`] (the instance is
-    /// not to be trusted again). Panics on an instance called through the WIT interface.
+    /// not to be trusted again; as is a call on an instance taken the WIT way, which has none).
     pub fn exchange(&mut self, budget: Budget, request: &[u8]) -> Result<(u32, &[u8]), Trap> {
         let limit = self.arm(budget);
-        let Exports::Direct(d) = &mut self.exports else { panic!("a direct call on a WIT instance") };
+        let Exports::Direct(d) = &mut self.exports else {
+            return Err(Trap::Other("a direct call on an instance taken through the WIT interface".into()));
+        };
         let store = &mut self.store;
         let result = (|| -> wasmtime::Result<(u32, std::ops::Range<usize>)> {
             let len = u32::try_from(request.len()).map_err(|_| wasmtime::format_err!("a request over 4 GiB"))?;
@@ -513,29 +537,27 @@ impl Instance {
                     ptr
                 }
             };
-            let at = ptr as usize..ptr as usize + request.len();
             let memory = d.memory.data_mut(&mut *store);
-            let Some(buffer) = memory.get_mut(at) else {
+            let Some(buffer) = span(ptr, request.len() as u64).and_then(|at| memory.get_mut(at)) else {
                 d.request = None;
                 wasmtime::bail!("the plugin's request buffer lies outside its memory");
             };
             buffer.copy_from_slice(request);
-            if request.first() == Some(&direct::RESTORE) {
-                // The guest frees a restore's buffer.
+            if !direct::keeps_buffer(request) {
+                // The guest frees this buffer after the call (the rule is `keeps_buffer`'s).
                 d.request = None;
             }
-            let at = d.call.call(&mut *store, len)? as usize;
+            let at = d.call.call(&mut *store, len)?;
             let memory = d.memory.data(&*store);
-            let descriptor = memory
-                .get(at..at + 12)
+            let descriptor = span(at, 12)
+                .and_then(|at| memory.get(at))
                 .and_then(|b| <[u8; 12]>::try_from(b).ok())
                 .ok_or_else(|| wasmtime::format_err!("the plugin's reply descriptor lies outside its memory"))?;
             let (status, ptr, len) = direct::descriptor(descriptor);
-            let reply = ptr as usize..ptr as usize + len as usize;
-            if memory.get(reply.clone()).is_none() {
-                wasmtime::bail!("the plugin's reply lies outside its memory");
+            match span(ptr, len.into()) {
+                Some(reply) if memory.get(reply.clone()).is_some() => Ok((status, reply)),
+                _ => wasmtime::bail!("the plugin's reply lies outside its memory"),
             }
-            Ok((status, reply))
         })();
         match result {
             Ok((status, reply)) => Ok((status, &d.memory.data(&self.store)[reply])),
@@ -578,6 +600,31 @@ mod tests {
         assert!(inst.is_direct());
         let (status, reply) = inst.exchange(Budget::Fixed, b"abcdef").unwrap();
         assert_eq!((status, reply), (7, &b"abc"[..]));
+    }
+
+    #[test]
+    fn the_host_asks_for_a_buffer_again_only_when_the_guest_drops_or_outgrows_it() {
+        // `buffer` counts its calls at address 0; every reply is that count.
+        let wat = r#"(module
+            (memory (export "memory") 1)
+            (func (export "kvpages_direct_v1_buffer") (param i32) (result i32)
+                (i32.store (i32.const 0) (i32.add (i32.load (i32.const 0)) (i32.const 1)))
+                i32.const 1024)
+            (func (export "kvpages_direct_v1_call") (param i32) (result i32)
+                (i32.store (i32.const 64) (i32.const 0))
+                (i32.store (i32.const 68) (i32.const 0))
+                (i32.store (i32.const 72) (i32.const 4))
+                i32.const 64))"#;
+        let mut inst = direct_sandbox(wat).instantiate().unwrap();
+        let mut asked = |request: &[u8]| {
+            let (_, reply) = inst.exchange(Budget::Fixed, request).unwrap();
+            u32::from_le_bytes(reply.try_into().unwrap())
+        };
+        assert_eq!(asked(b"xy"), 1);
+        assert_eq!(asked(b"z"), 1, "fits: reused");
+        assert_eq!(asked(b"xyz"), 2, "outgrown: asked again");
+        assert_eq!(asked(&[direct::RESTORE]), 2, "fits, but the guest drops it after");
+        assert_eq!(asked(b"x"), 3, "asked again after a restore");
     }
 
     #[test]
@@ -647,6 +694,29 @@ mod tests {
                 other => panic!("{cmd:?}: {other:?}"),
             }
         }
+        assert_eq!(e.traps(), 0);
+
+        // A guest that grows its memory a page a call: a malformed answer to a mutating command
+        // rebuilds the instance (what it may have applied is not in the journal), one to a read
+        // does not.
+        let grows = wat.replace(
+            "(func (export \"kvpages_direct_v1_call\") (param i32) (result i32)",
+            "(func (export \"kvpages_direct_v1_call\") (param i32) (result i32) (drop (memory.grow (i32.const 1)))",
+        );
+        assert_ne!(grows, wat);
+        let mut e =
+            super::super::PluginEngine::new(direct_sandbox(&grows), 1, kvpages_core::Settings::default()).unwrap();
+        let page = 64 * 1024;
+        assert_eq!(e.memory(), 2 * page); // one page, one `create`
+        let keys = vec![Key::parse("k").unwrap()];
+        assert!(matches!(
+            e.apply(1, &Command::Exists { space: Space::Vllm, keys: keys.clone() }),
+            Err(EngineError::Fault(_))
+        ));
+        assert_eq!(e.memory(), 3 * page);
+        let alloc = Command::Allocate { space: Space::Vllm, rank: 0, keys };
+        assert!(matches!(e.apply(2, &alloc), Err(EngineError::Fault(_))));
+        assert_eq!(e.memory(), 2 * page, "rebuilt: a new instance, one `create`");
         assert_eq!(e.traps(), 0);
     }
 

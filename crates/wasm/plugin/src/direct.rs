@@ -3,8 +3,8 @@
 //!
 //! A call through the component model enters the guest three times (`cabi_realloc` for the key
 //! list, the export, its post-return) and spends ~3.5k host instructions a call in wasmtime's
-//! component layer (session 26: a 1-key `exists` 5.4k instructions through the plugin, 0.65k
-//! natively). The direct entry point is a byte exchange in a buffer the guest keeps: the host
+//! component layer and the bindings (a 1-key `exists`: 5.3k instructions through the WIT
+//! interface, 2.7k this way, 0.65k natively). The direct entry point is a byte exchange in a buffer the guest keeps: the host
 //! writes a request there, calls [`CALL`] once, and reads the reply where the guest's
 //! descriptor points. The WIT interface stays the plugin's contract (other hosts, and kvpages'
 //! own host for a component without these exports, use it); this is an optional, faster way in
@@ -185,12 +185,21 @@ mod cold {
     /// The whole of `bytes` as a `T`.
     #[inline(never)]
     pub(super) fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
-        postcard::from_bytes(bytes).map_err(|e| alloc::format!("malformed direct request: fields: {e}"))
+        super::whole(bytes).map_err(|e| alloc::format!("malformed direct request: fields: {e}"))
     }
 
     #[inline(never)]
     pub(super) fn encode<T: serde::Serialize + ?Sized>(value: &T, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
         postcard::to_extend(value, out)
+    }
+}
+
+/// The whole of `bytes` as a `T` in postcard (which itself ignores what follows a value).
+fn whole<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(alloc::format!("{} trailing bytes", rest.len())),
+        Err(e) => Err(alloc::format!("{e}")),
     }
 }
 
@@ -237,8 +246,10 @@ pub fn decode_apply(body: &[u8]) -> Result<Applied, String> {
                 unpack_batch(rest, |i, key| (key, pages.get(i).map_or(u32::MAX, |p| u32::from_le_bytes(*p))))
                     .map_err(|e| invalid(&e))?;
             if confirmations.len() != n {
-                let why =
-                    alloc::format!("{} keys but {n} pages: confirmations need one page per key", confirmations.len());
+                let why = alloc::format!(
+                    "malformed direct request: {} keys but {n} pages: confirmations need one page per key",
+                    confirmations.len()
+                );
                 return Err(why);
             }
             (Command::Confirm { space, rank, confirmations, releases }, raw)
@@ -308,10 +319,10 @@ pub fn encode_reply(out: &mut Vec<u8>, reply: &Reply) -> Result<(), postcard::Er
         Reply::Confirmed(r) => {
             let head = [r.committed, r.unchanged, r.superseded, r.released, r.refused.len() as u32];
             words(out, head.into_iter(), 5);
-            words(out, r.refused.iter().flat_map(|f| [f.index, f.page, f.reason as u32]), 3 * r.refused.len());
+            words(out, r.refused.iter().flat_map(|f| [f.index, f.page, refusal_word(f.reason)]), 3 * r.refused.len());
             let ignored = &r.ignored_releases;
             words(out, core::iter::once(ignored.len() as u32), 1);
-            words(out, ignored.iter().flat_map(|&(page, why)| [page, why as u32]), 2 * ignored.len());
+            words(out, ignored.iter().flat_map(|&(page, why)| [page, ignored_word(why)]), 2 * ignored.len());
         }
         // The rest: each reply's payload in postcard (the host knows which it asked for).
         Reply::Configured => {}
@@ -330,6 +341,45 @@ pub fn encode_reply(out: &mut Vec<u8>, reply: &Reply) -> Result<(), postcard::Er
 fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), postcard::Error> {
     *out = cold::encode(value, core::mem::take(out))?;
     Ok(())
+}
+
+/// Every refusal reason, for the decoder.
+const REFUSALS: [kvpages_core::Refusal; 3] = {
+    use kvpages_core::Refusal::*;
+    [NotReserved, ReservedForAnotherKey, CommittedToAnotherKey]
+};
+
+/// A refusal reason's word (the one table both sides read: not the enum's declaration order).
+fn refusal_word(r: kvpages_core::Refusal) -> u32 {
+    use kvpages_core::Refusal::*;
+    match r {
+        NotReserved => 0,
+        ReservedForAnotherKey => 1,
+        CommittedToAnotherKey => 2,
+    }
+}
+
+/// Every reason a release is ignored, for the decoder.
+const IGNORED: [kvpages_core::IgnoredRelease; 2] =
+    [kvpages_core::IgnoredRelease::AlreadyFree, kvpages_core::IgnoredRelease::Committed];
+
+/// An ignored release's reason as its word.
+fn ignored_word(r: kvpages_core::IgnoredRelease) -> u32 {
+    match r {
+        kvpages_core::IgnoredRelease::AlreadyFree => 0,
+        kvpages_core::IgnoredRelease::Committed => 1,
+    }
+}
+
+/// A guest's fault message as the host keeps it: at most 1 KiB of it (a hostile guest could
+/// point at its whole memory), lossy UTF-8.
+pub fn fault_text(body: &[u8]) -> String {
+    const MAX: usize = 1024;
+    let mut text = String::from_utf8_lossy(&body[..body.len().min(MAX)]).into_owned();
+    if body.len() > MAX {
+        text.push_str(&alloc::format!("… ({} bytes)", body.len()));
+    }
+    text
 }
 
 /// Appends `n` words, little-endian (one capacity check; each word a fixed 4-byte store, not a
@@ -367,11 +417,11 @@ impl Words<'_> {
 /// named: the core's answer, or why there is none (the guest's fault message, or a malformed
 /// reply).
 pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Reply, kvpages_core::Error>, String> {
-    use kvpages_core::{ConfirmReport, IgnoredRelease, Refusal, Refused};
+    use kvpages_core::{ConfirmReport, Refused};
     match status {
         OK => {}
-        REFUSED => return postcard::from_bytes(body).map(Err).map_err(|e| alloc::format!("a malformed refusal: {e}")),
-        FAULT => return Err(String::from_utf8_lossy(body).into_owned()),
+        REFUSED => return whole(body).map(Err).map_err(|e| alloc::format!("a malformed refusal: {e}")),
+        FAULT => return Err(fault_text(body)),
         other => return Err(alloc::format!("an unknown status {other}")),
     }
     let reply = match cmd {
@@ -406,23 +456,22 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
             let mut refused = Vec::with_capacity(n.min(body.len() / 12));
             for _ in 0..n {
                 let (index, page) = (w.next()?, w.next()?);
-                let reason = match w.next()? {
-                    0 => Refusal::NotReserved,
-                    1 => Refusal::ReservedForAnotherKey,
-                    2 => Refusal::CommittedToAnotherKey,
-                    r => return Err(alloc::format!("a refusal reason {r}")),
-                };
+                let word = w.next()?;
+                let reason = REFUSALS
+                    .into_iter()
+                    .find(|&r| refusal_word(r) == word)
+                    .ok_or_else(|| alloc::format!("a refusal reason {word}"))?;
                 refused.push(Refused { index, page, reason });
             }
             let n = w.next()? as usize;
             let mut ignored_releases = Vec::with_capacity(n.min(body.len() / 8));
             for _ in 0..n {
                 let page = w.next()?;
-                let why = match w.next()? {
-                    0 => IgnoredRelease::AlreadyFree,
-                    1 => IgnoredRelease::Committed,
-                    r => return Err(alloc::format!("an ignored-release reason {r}")),
-                };
+                let word = w.next()?;
+                let why = IGNORED
+                    .into_iter()
+                    .find(|&r| ignored_word(r) == word)
+                    .ok_or_else(|| alloc::format!("an ignored-release reason {word}"))?;
                 ignored_releases.push((page, why));
             }
             w.end("a confirm report")?;
@@ -430,7 +479,7 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
         }
         cold => {
             fn get<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
-                postcard::from_bytes(body).map_err(|e| alloc::format!("a malformed reply: {e}"))
+                whole(body).map_err(|e| alloc::format!("a malformed reply: {e}"))
             }
             match cold {
                 Command::Configure(_) => get::<()>(body).map(|()| Reply::Configured)?,
@@ -463,17 +512,89 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
     Ok(Ok(reply))
 }
 
+/// A command's kind, for [`answers`] (kept while the command itself is consumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Configure,
+    Initialize,
+    Allocate,
+    Confirm,
+    Exists,
+    Locations,
+    Delete,
+    Inspect,
+    Clear,
+    Stats,
+    Import,
+    Export,
+    LeaseAll,
+}
+
+impl Kind {
+    fn of(cmd: &Command) -> Kind {
+        match cmd {
+            Command::Configure(_) => Kind::Configure,
+            Command::Initialize { .. } => Kind::Initialize,
+            Command::Allocate { .. } => Kind::Allocate,
+            Command::Confirm { .. } => Kind::Confirm,
+            Command::Exists { .. } => Kind::Exists,
+            Command::Locations { .. } => Kind::Locations,
+            Command::Delete { .. } => Kind::Delete,
+            Command::Inspect { .. } => Kind::Inspect,
+            Command::Clear { .. } | Command::Reset { .. } => Kind::Clear,
+            Command::Stats => Kind::Stats,
+            Command::ImportSglang { .. } => Kind::Import,
+            Command::ExportSglang => Kind::Export,
+            Command::LeaseAll => Kind::LeaseAll,
+        }
+    }
+}
+
+/// Whether `reply` is the kind of reply a command of `kind` gets (the guest checks the core's
+/// answer before encoding it, since the host decodes by the command it sent).
+fn answers(kind: &Kind, reply: &Reply) -> bool {
+    matches!(
+        (kind, reply),
+        (Kind::Configure, Reply::Configured)
+            | (Kind::Initialize, Reply::Initialized { .. })
+            | (Kind::Allocate, Reply::Allocated(_))
+            | (Kind::Confirm, Reply::Confirmed(_))
+            | (Kind::Exists, Reply::Exists(_))
+            | (Kind::Locations, Reply::Locations(_))
+            | (Kind::Delete, Reply::Deleted(_))
+            | (Kind::Inspect, Reply::Key(_))
+            | (Kind::Clear, Reply::Cleared { .. })
+            | (Kind::Stats, Reply::Stats(_))
+            | (Kind::Import, Reply::Imported { .. })
+            | (Kind::Export, Reply::SglangPools(_))
+            | (Kind::LeaseAll, Reply::Leased(_))
+    )
+}
+
 /// Decodes a reply's descriptor: `(status, ptr, len)`.
 pub fn descriptor(bytes: [u8; 12]) -> (u32, u32, u32) {
     let word = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
     (word(0), word(4), word(8))
 }
 
+/// Past this many bytes a buffer is not kept for the next call.
+const BIG: usize = 1 << 20;
+
+/// Whether the guest keeps its request buffer, in place, after handling `request`: not after a
+/// restore, nor after any request over 1 MiB (a big import), so a rare big request does not
+/// hold guest memory. The one rule both sides follow: the host asks for a buffer again when
+/// this says no.
+pub fn keeps_buffer(request: &[u8]) -> bool {
+    request.len() <= BIG && request.first() != Some(&RESTORE)
+}
+
 /// Handles one request; the reply's bytes are left in `reply` (cleared first; a snapshot is
-/// moved in whole). Returns the status.
+/// moved in whole). Returns the status. [`FAULT`] always means nothing was applied: a reply
+/// that does not fit its command, or does not encode, after the command was applied is a panic
+/// (a trap: the host rebuilds the instance without it), as the WIT interface's `expect!` is.
 pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
     // A snapshot's buffer (or any big reply) is not kept for the small replies after it.
-    if reply.capacity() > 1 << 20 {
+    if reply.capacity() > BIG {
         *reply = Vec::new();
     }
     reply.clear();
@@ -505,19 +626,20 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
                 Command::Allocate { keys, .. } => crate::chaos::before(keys),
                 _ => false,
             };
+            let cmd_kind = Kind::of(&cmd);
             let result = crate::run(now, cmd, raw);
             #[cfg(feature = "chaos")]
             crate::chaos::after(after);
             let encoded = match result {
-                Ok(Ok(r)) => encode_reply(reply, &r).map(|()| OK),
+                Ok(Ok(r)) => {
+                    assert!(answers(&cmd_kind, &r), "the core answered {cmd_kind:?} with {r:?}");
+                    encode_reply(reply, &r).map(|()| OK)
+                }
                 Ok(Err(e)) => put(reply, &e).map(|()| REFUSED),
                 Err(crate::NotCreated) => return fault(reply, "the engine was not created"),
             };
-            match encoded {
-                Ok(status) => status,
-                // Writing to a `Vec` does not fail; were it to, the host is told, not left guessing.
-                Err(e) => fault(reply, &alloc::format!("the reply does not encode: {e}")),
-            }
+            // Writing to a `Vec` does not fail.
+            encoded.expect("a reply encodes")
         }
         SNAPSHOT => match crate::snapshot() {
             Ok(bytes) => {
@@ -534,7 +656,10 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
     }
 }
 
-/// The exchange's buffers and the last reply's descriptor.
+/// The exchange's buffers and the last reply's descriptor. The guest's own (wasm32; natively
+/// only the unit tests), never reachable from a host linking this crate: a host has the codec,
+/// not the guest's state.
+#[cfg(any(target_arch = "wasm32", test))]
 #[derive(Debug)]
 struct Exchange {
     request: Vec<u8>,
@@ -543,19 +668,29 @@ struct Exchange {
 }
 
 /// The guest's one exchange (single-threaded: see `State` in lib.rs).
+#[cfg(any(target_arch = "wasm32", test))]
 struct Shared(core::cell::RefCell<Exchange>);
 
-// SAFETY: as for lib.rs's `State`: wasm32 guests are single-threaded, and natively only the
-// unit tests touch it, one at a time under `TEST_LOCK`.
+// SAFETY: as for lib.rs's `State`: wasm32 guests are single-threaded, and natively it exists
+// only in the unit tests, which touch it one at a time under `TEST_LOCK` (it is compiled out of
+// the rlib a host links, so no host thread can reach it).
+#[cfg(any(target_arch = "wasm32", test))]
 unsafe impl Sync for Shared {}
 
+#[cfg(any(target_arch = "wasm32", test))]
 static EXCHANGE: Shared =
     Shared(core::cell::RefCell::new(Exchange { request: Vec::new(), reply: Vec::new(), descriptor: [0; 3] }));
 
 /// [`BUFFER`]: at least `len` writable bytes for the next request (zeroed when it grows, so
 /// the buffer is always initialized memory); its address as a wasm32 pointer.
-pub fn buffer(len: u32) -> *mut u8 {
+#[cfg(any(target_arch = "wasm32", test))]
+fn buffer(len: u32) -> *mut u8 {
     let mut x = EXCHANGE.0.borrow_mut();
+    // The last reply is not needed any more: a big one (a snapshot) is freed before the
+    // request buffer grows.
+    if x.reply.capacity() > BIG {
+        x.reply = Vec::new();
+    }
     let len = len as usize;
     if x.request.len() < len {
         x.request.resize(len, 0);
@@ -565,13 +700,14 @@ pub fn buffer(len: u32) -> *mut u8 {
 
 /// [`CALL`]: handles the request in the buffer's first `len` bytes; the address of the reply's
 /// descriptor.
-pub fn call(len: u32) -> *const u32 {
+#[cfg(any(target_arch = "wasm32", test))]
+fn call(len: u32) -> *const u32 {
     let mut x = EXCHANGE.0.borrow_mut();
     let x = &mut *x;
-    let mut kind = None;
+    let mut keep = true;
     let status = match x.request.get(..len as usize) {
         Some(request) => {
-            kind = request.first().copied();
+            keep = keeps_buffer(request);
             handle(request, &mut x.reply)
         }
         None => {
@@ -580,8 +716,7 @@ pub fn call(len: u32) -> *const u32 {
             FAULT
         }
     };
-    if kind == Some(RESTORE) {
-        // A snapshot-sized buffer is not kept for the small requests after it.
+    if !keep {
         x.request = Vec::new();
     }
     // Pointers are 32 bits on wasm32, the only target the host calls this on.
@@ -724,7 +859,7 @@ mod tests {
             (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, 200], "op 200"),
             (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, OP_ALLOCATE], "header"),
             (good[..good.len() - 2].to_vec(), "keys[0]: the length prefix is cut off"),
-            (extra_key, "2 keys but 1 pages"),
+            (extra_key, "malformed direct request: 2 keys but 1 pages"),
             (bad_key, "keys[0]: the key is not UTF-8"),
         ];
         for (request, why) in cases {
@@ -758,6 +893,47 @@ mod tests {
         assert_eq!(crate::snapshot().unwrap(), before);
     }
 
+    /// The exports' side: the buffer handed out, the request read from it, the descriptor.
+    #[test]
+    fn the_exchange_reads_the_buffer_and_describes_the_reply() {
+        let _serial = crate::TEST_LOCK.lock().unwrap();
+        create(5, Settings::default());
+        let descriptor = || EXCHANGE.0.borrow().descriptor;
+        let reply = |d: [u32; 3]| {
+            let x = EXCHANGE.0.borrow();
+            assert_eq!(d[1], x.reply.as_ptr() as usize as u32);
+            x.reply[..d[2] as usize].to_vec()
+        };
+        let mut request = Vec::new();
+        let cmd = Command::Initialize { space: Space::Vllm, rank: 0, num_pages: 4 };
+        encode_apply(&mut request, 1, &cmd);
+        let at = buffer(request.len() as u32);
+        assert_eq!(at, EXCHANGE.0.borrow_mut().request.as_mut_ptr());
+        EXCHANGE.0.borrow_mut().request[..request.len()].copy_from_slice(&request);
+        call(request.len() as u32);
+        let d = descriptor();
+        assert_eq!(d[0], OK);
+        assert_eq!(
+            decode_reply(&cmd, OK, &reply(d)).unwrap().unwrap(),
+            Core::new(5, Settings::default()).apply(1, &cmd).unwrap()
+        );
+        // A small request keeps the buffer where it is; a longer one than it holds is a fault.
+        assert_eq!(buffer(4), at);
+        call(request.len() as u32 + 1_000_000);
+        let d = descriptor();
+        assert_eq!((d[0], reply(d)), (FAULT, b"the request is longer than the buffer".to_vec()));
+        // A restore's buffer is freed after it (`keeps_buffer`), and so is a big request's.
+        let snapshot = crate::snapshot().unwrap();
+        let mut restore = vec![RESTORE];
+        restore.extend_from_slice(&snapshot);
+        assert!(!keeps_buffer(&restore) && keeps_buffer(&request) && !keeps_buffer(&vec![APPLY; BIG + 1]));
+        buffer(restore.len() as u32);
+        EXCHANGE.0.borrow_mut().request[..restore.len()].copy_from_slice(&restore);
+        call(restore.len() as u32);
+        assert_eq!(descriptor()[0], OK);
+        assert_eq!(EXCHANGE.0.borrow().request.capacity(), 0);
+    }
+
     #[test]
     fn malformed_replies_are_refused_by_the_decoder() {
         let keys = vec![key("a")];
@@ -774,6 +950,8 @@ mod tests {
             (&exists, REFUSED, &[200][..], "a malformed refusal"),
             (&exists, FAULT, &b"why"[..], "why"),
             (&Command::Stats, OK, &[][..], "a malformed reply"),
+            (&Command::LeaseAll, OK, &[5, 0][..], "1 trailing bytes"),
+            (&exists, REFUSED, &[0, 0, 0][..], "trailing bytes"),
         ] {
             let e = decode_reply(cmd, status, body).unwrap_err();
             assert!(e.contains(why), "{cmd:?} {body:?}: {e}");
