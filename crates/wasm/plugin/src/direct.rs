@@ -512,6 +512,7 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
     Ok(Ok(reply))
 }
 
+#[cfg(any(target_arch = "wasm32", test))]
 /// A command's kind, for [`answers`] (kept while the command itself is consumed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -530,6 +531,7 @@ enum Kind {
     LeaseAll,
 }
 
+#[cfg(any(target_arch = "wasm32", test))]
 impl Kind {
     fn of(cmd: &Command) -> Kind {
         match cmd {
@@ -550,6 +552,7 @@ impl Kind {
     }
 }
 
+#[cfg(any(target_arch = "wasm32", test))]
 /// Whether `reply` is the kind of reply a command of `kind` gets (the guest checks the core's
 /// answer before encoding it, since the host decodes by the command it sent).
 fn answers(kind: &Kind, reply: &Reply) -> bool {
@@ -588,6 +591,7 @@ pub fn keeps_buffer(request: &[u8]) -> bool {
     request.len() <= BIG && request.first() != Some(&RESTORE)
 }
 
+#[cfg(any(target_arch = "wasm32", test))]
 /// Handles one request; the reply's bytes are left in `reply` (cleared first; a snapshot is
 /// moved in whole). Returns the status. [`FAULT`] always means nothing was applied: a reply
 /// that does not fit its command, or does not encode, after the command was applied is a panic
