@@ -95,13 +95,7 @@ pub fn encode_apply(out: &mut Vec<u8>, now: Millis, cmd: &Command) -> usize {
     out.extend_from_slice(&now.to_le_bytes());
     let put = |out: &mut Vec<u8>, header: &dyn erased::Header| header.put(out);
     match cmd {
-        Command::Allocate { space, rank, keys } => {
-            out.push(OP_ALLOCATE);
-            put(out, &(space, *rank));
-            let start = out.len();
-            crate::convert::pack_keys(out, keys.iter());
-            start
-        }
+        Command::Allocate { space, rank, keys } => hot(out, OP_ALLOCATE, &(space, *rank), keys),
         Command::Confirm { space, rank, confirmations, releases } => {
             out.push(OP_CONFIRM);
             put(out, &(space, *rank, releases));
@@ -114,27 +108,9 @@ pub fn encode_apply(out: &mut Vec<u8>, now: Millis, cmd: &Command) -> usize {
             crate::convert::pack_keys(out, confirmations.iter().map(|(k, _)| k));
             start
         }
-        Command::Exists { space, keys } => {
-            out.push(OP_EXISTS);
-            put(out, space);
-            let start = out.len();
-            crate::convert::pack_keys(out, keys.iter());
-            start
-        }
-        Command::Locations { space, rank, keys } => {
-            out.push(OP_LOCATIONS);
-            put(out, &(space, *rank));
-            let start = out.len();
-            crate::convert::pack_keys(out, keys.iter());
-            start
-        }
-        Command::Delete { space, keys } => {
-            out.push(OP_DELETE);
-            put(out, space);
-            let start = out.len();
-            crate::convert::pack_keys(out, keys.iter());
-            start
-        }
+        Command::Exists { space, keys } => hot(out, OP_EXISTS, space, keys),
+        Command::Locations { space, rank, keys } => hot(out, OP_LOCATIONS, &(space, *rank), keys),
+        Command::Delete { space, keys } => hot(out, OP_DELETE, space, keys),
         // The rest: each command's fields as a postcard tuple, no keys to pack (a serde derive
         // of the whole `Command` would put ~27 KB of decoder into the guest, see `cold`).
         Command::Configure(settings) => cold(out, OP_CONFIGURE, settings),
@@ -147,6 +123,15 @@ pub fn encode_apply(out: &mut Vec<u8>, now: Millis, cmd: &Command) -> usize {
         Command::ExportSglang => cold(out, OP_EXPORT_SGLANG, &()),
         Command::LeaseAll => cold(out, OP_LEASE_ALL, &()),
     }
+}
+
+/// Appends `op`, `header` and the packed `keys`; returns where the keys start.
+fn hot(out: &mut Vec<u8>, op: u8, header: &dyn erased::Header, keys: &[kvpages_core::Key]) -> usize {
+    out.push(op);
+    header.put(out);
+    let start = out.len();
+    crate::convert::pack_keys(out, keys.iter());
+    start
 }
 
 /// Appends `op` and `fields`: a command without keys to pack.
