@@ -510,6 +510,30 @@ fn stats_show_the_hosts_facts_and_every_space() {
     assert_eq!((a.status, String::from_utf8(a.body).unwrap()), (200, want));
 }
 
+/// An engine that answers an allocation out of the batch's range, or leaves a key out (a
+/// broken plugin: the core never does), gets the engine-fault answer, not a panic.
+#[test]
+fn an_allocation_reply_that_does_not_fit_the_batch_is_an_engine_fault() {
+    let at = |index| kvpages_core::Allocation { index, page: Some(0), cached: false };
+    for (method, path, body) in [
+        ("POST", "/keys/batch_allocate", r#"{"rank":0,"keys":[["a",""],["b",""]]}"#),
+        ("POST", "/0/reserve_and_allocate_page_indices", r#"{"keys":[["a",""],["b",""]]}"#),
+    ] {
+        for bad in [vec![at(0), at(2)], vec![at(5)]] {
+            let Parsed::Apply(p) = wire::parse(method, path, body.as_bytes()) else { panic!("{path}") };
+            let a = p.answer(Ok(Reply::Allocated(bad.clone())));
+            assert_eq!((a.status, a.code), (503, Some(ErrorCode::EngineFault)), "{path} {bad:?}");
+        }
+    }
+    // SGLang answers every position: a key left out is a fault there too.
+    let Parsed::Apply(p) =
+        wire::parse("POST", "/0/reserve_and_allocate_page_indices", br#"{"keys":[["a",""],["b",""]]}"#)
+    else {
+        panic!()
+    };
+    assert_eq!(p.answer(Ok(Reply::Allocated(vec![at(0)]))).status, 503);
+}
+
 #[test]
 fn an_unexpected_reply_or_refusal_is_an_engine_fault() {
     let Parsed::Apply(p) = wire::parse("POST", "/keys/batch_exists", br#"{"keys":[]}"#) else { panic!() };

@@ -113,7 +113,12 @@ pub(super) fn answer(route: Route, command: Command, result: Result<Reply, Error
             Ok(Answer::json(&Message { message: format!("Rank {rank} initialized with {num_pages} pages") }))
         }
         (Route::Allocate, Reply::Allocated(results), Command::Allocate { rank, keys, .. }) => {
-            Ok(Answer::ok(allocated_json(*rank, keys, &results)))
+            // An index out of the batch (a broken plugin: the core never answers one) is the
+            // engine's fault, not a panic.
+            match allocated_json(*rank, keys, &results) {
+                Some(json) => Ok(Answer::ok(json)),
+                None => Err(unexpected(&Reply::Allocated(results))),
+            }
         }
         (Route::Confirm, Reply::Confirmed(_), _) => Ok(Answer::no_content()),
         (Route::Exists, Reply::Exists(exists), _) => Ok(Answer::json(&ExistsReply { exists })),
@@ -275,8 +280,9 @@ fn decode_rank_keys<T: for<'de> serde::Deserialize<'de>>(body: &[u8]) -> Result<
 
 /// batch_allocate's reply, `{"rank":R,"results":[[key,page],...]}` (page -1 when none), written
 /// directly: the bytes serde_json would write (compact; keys escaped by serde_json itself unless
-/// they are packed hex, which needs no escape), without a serializer call per key.
-fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Vec<u8> {
+/// they are packed hex, which needs no escape), without a serializer call per key. `None` when
+/// an allocation's index is outside `keys`.
+fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(32 + results.len() * 44);
     out.extend_from_slice(b"{\"rank\":");
     // Writing to a Vec cannot fail.
@@ -287,7 +293,7 @@ fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Vec<u8> {
             out.push(b',');
         }
         out.push(b'[');
-        match &keys[a.index as usize] {
+        match keys.get(a.index as usize)? {
             Key::Hex(bytes) => {
                 out.push(b'"');
                 out.extend_from_slice(crate::key::HexText::new(bytes).as_bytes());
@@ -302,7 +308,7 @@ fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Vec<u8> {
         out.push(b']');
     }
     out.extend_from_slice(b"]}");
-    out
+    Some(out)
 }
 
 #[derive(Default)]
@@ -675,7 +681,7 @@ mod tests {
                     .map(|a| serde_json::json!([texts[a.index as usize], a.page.map_or(-1, i64::from)]))
                     .collect::<Vec<_>>(),
             });
-            let got = allocated_json(rank, &keys, &results);
+            let got = allocated_json(rank, &keys, &results).unwrap();
             prop_assert_eq!(String::from_utf8(got).unwrap(), serde_json::to_string(&want).unwrap());
         }
     }

@@ -172,11 +172,11 @@ fn error(e: wit::Error) -> EngineError {
             },
         },
         wit::Error::SglangPoolsExist(pools) => kv::Error::SglangPoolsExist { pools },
-        wit::Error::ImportRefused(reason) => kv::Error::ImportRefused { reason },
+        wit::Error::ImportRefused(reason) => kv::Error::ImportRefused { reason: capped(&reason) },
         wit::Error::NothingConfirmed(r) => {
             kv::Error::NothingConfirmed { refused: r.into_iter().map(refused).collect() }
         }
-        other => return EngineError::Fault(format!("the plugin refused a call the host built: {other:?}")),
+        other => return EngineError::Fault(capped(&format!("the plugin refused a call the host built: {other:?}"))),
     })
 }
 
@@ -308,6 +308,9 @@ pub(super) fn call(
         let (status, reply) = inst.exchange(budget, &buf.bytes)?;
         match direct::decode_reply(cmd, status, reply) {
             Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(kv::Error::ImportRefused { reason })) => {
+                Err(EngineError::Domain(kv::Error::ImportRefused { reason: capped(&reason) }))
+            }
             Ok(Err(refusal)) => Err(EngineError::Domain(refusal)),
             Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
         }
@@ -322,9 +325,17 @@ pub(super) fn call(
     }))
 }
 
+/// A text from the plugin, at most 1 KiB of it (`direct::fault_text`'s rule, for both ways in):
+/// it goes into logs and answers, and a hostile plugin could make it as long as its memory.
+fn capped(text: &str) -> String {
+    direct::fault_text(text.as_bytes())
+}
+
 /// Whether a plugin's `reply` fits `cmd` where the routes rely on it: they index the batch's
 /// keys by the answer, so a plugin (trusted for nothing) must answer a batch lookup key for key
-/// and an allocation at key positions, each distinct key once, in order — as the core does.
+/// and allocations at key positions, in range and in increasing order, as the core does (which
+/// also answers each distinct key exactly once; a plugin that leaves one out or repeats one
+/// gets a shorter vLLM answer or SGLang's engine fault, not a panic).
 fn fits(cmd: &Command, reply: &Reply) -> Result<(), String> {
     match (cmd, reply) {
         (Command::Exists { keys, .. }, Reply::Exists(answers)) if answers.len() != keys.len() => {
@@ -373,7 +384,7 @@ pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String
     }
     inst.call(budget, |p, s| p.kvpages_engine_engine().call_restore(s, snapshot))
         .map_err(|t| format!("restore: {t}"))?
-        .map_err(|e| format!("restore refused the snapshot: {e:?}"))
+        .map_err(|e| capped(&format!("restore refused the snapshot: {e:?}")))
 }
 
 /// `inst`'s snapshot (either way in): the outer `Err` a trap, the inner a refusal.
@@ -386,7 +397,9 @@ pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, T
             other => Err(format!("an unknown status {other}")),
         });
     }
-    Ok(inst.call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?.map_err(|e| format!("{e:?}")))
+    Ok(inst
+        .call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?
+        .map_err(|e| capped(&format!("{e:?}"))))
 }
 
 /// A direct reply that carries nothing when it is [`direct::OK`].
@@ -540,6 +553,53 @@ mod tests {
         text.extend_from_slice(b"386b2d9cf5aa91ba3a4b42c35396c822");
         assert_eq!(unpack(&text).unwrap(), keys[..1]);
         assert!(unpack(&[0x10, 0x80, 1, 2]).is_err());
+    }
+
+    #[test]
+    fn a_plugins_texts_are_capped_at_1_kib() {
+        assert_eq!(capped("short"), "short");
+        let long = "é".repeat(1000); // 2,000 bytes; byte 1,024 ends a character
+        let got = capped(&long);
+        assert!(got.starts_with(&"é".repeat(512)) && got.ends_with("… (2000 bytes)"), "{got}");
+        // Cut inside a character: a replacement character, no panic.
+        let odd = format!("x{long}");
+        assert!(capped(&odd).contains('\u{fffd}'));
+    }
+
+    #[test]
+    fn a_plugin_reply_must_fit_its_batch() {
+        let k = |s: &str| Key::parse(s).unwrap();
+        let keys = vec![k("a"), k("b"), k("a")];
+        // The native core's own answers fit: duplicates, an empty batch, either space.
+        let mut core = kv::Core::new(1, kv::Settings::default());
+        let sg = kv::Space::Sglang { rank: 0, namespace: "kv".into() };
+        for space in [kv::Space::Vllm, sg] {
+            core.apply(0, &Command::Initialize { space: space.clone(), rank: 0, num_pages: 8 }).unwrap();
+            for batch in [keys.clone(), vec![]] {
+                for cmd in [
+                    Command::Allocate { space: space.clone(), rank: 0, keys: batch.clone() },
+                    Command::Exists { space: space.clone(), keys: batch.clone() },
+                    Command::Locations { space: space.clone(), rank: 0, keys: batch.clone() },
+                ] {
+                    let reply = core.apply(1, &cmd).unwrap();
+                    assert_eq!(fits(&cmd, &reply), Ok(()), "{cmd:?}: {reply:?}");
+                }
+            }
+        }
+        // A broken plugin's do not.
+        let alloc = Command::Allocate { space: kv::Space::Vllm, rank: 0, keys: keys.clone() };
+        let at = |index| kv::Allocation { index, page: Some(0), cached: false };
+        for (reply, why) in [
+            (Reply::Allocated(vec![at(3)]), "key 3 of 3"),
+            (Reply::Allocated(vec![at(1), at(0)]), "key 0 of 3 out of order"),
+            (Reply::Allocated(vec![at(1), at(1)]), "key 1 of 3 out of order"),
+        ] {
+            assert!(fits(&alloc, &reply).unwrap_err().contains(why), "{reply:?}");
+        }
+        let exists = Command::Exists { space: kv::Space::Vllm, keys: keys.clone() };
+        assert_eq!(fits(&exists, &Reply::Exists(vec![true; 2])).unwrap_err(), "2 answers for 3 keys");
+        let locations = Command::Locations { space: kv::Space::Vllm, rank: 0, keys };
+        assert_eq!(fits(&locations, &Reply::Locations(vec![None; 4])).unwrap_err(), "4 answers for 3 keys");
     }
 
     #[test]

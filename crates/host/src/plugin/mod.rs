@@ -16,7 +16,10 @@
 //! since; a trap rebuilds the instance from the `InstancePre`, restores the snapshot and replays
 //! the journal. The core is deterministic, so the replayed state is the state before the failing
 //! call; that call is answered 503 (`plugin-trapped`) and was not applied. Reads are never
-//! journaled: the core guarantees that replay does not depend on them.
+//! journaled: the core guarantees that replay does not depend on them. A malformed answer to a
+//! mutating command (or one that does not fit its batch, see `convert::fits`) is an engine
+//! fault, and the instance is rebuilt the same way: the guest may have applied the command,
+//! which the journal does not hold (not counted as a trap; logged at `error`).
 //!
 //! A snapshot is taken when the time spent applying the journaled commands reaches
 //! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least

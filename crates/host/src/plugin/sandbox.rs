@@ -279,8 +279,26 @@ impl Sandbox {
         })
     }
 
-    /// The core module's direct entry point, with nothing to import.
+    /// The core module's direct entry point, with nothing to import; its exports' types are
+    /// checked here, so a module that only names them is refused before any instance exists.
     fn direct(module: &wasmtime::Module, origin: &str) -> Result<wasmtime::InstancePre<Guard>, String> {
+        use wasmtime::{ExternType, ValType};
+        for name in [direct::BUFFER, direct::CALL] {
+            let i32_to_i32 = match module.get_export(name) {
+                Some(ExternType::Func(f)) => {
+                    let params: Vec<ValType> = f.params().collect();
+                    let results: Vec<ValType> = f.results().collect();
+                    matches!(params[..], [ValType::I32]) && matches!(results[..], [ValType::I32])
+                }
+                _ => false,
+            };
+            if !i32_to_i32 {
+                return Err(format!("{origin}'s core module exports `{name}`, but not as a function (i32) -> i32"));
+            }
+        }
+        if !matches!(module.get_export("memory"), Some(ExternType::Memory(_))) {
+            return Err(format!("{origin}'s core module has the direct entry point but exports no `memory`"));
+        }
         let linker = wasmtime::Linker::<Guard>::new(engine());
         linker.instantiate_pre(module).map_err(|e| format!("{origin}'s core module: {e:#}"))
     }
@@ -445,7 +463,8 @@ struct Direct {
     buffer: TypedFunc<u32, u32>,
     call: TypedFunc<u32, u32>,
     /// The request buffer the guest last handed out, `(address, length)`: reused while
-    /// requests fit (the guest keeps it in place until the next `buffer` call or a restore).
+    /// requests fit and `direct::keeps_buffer` says the guest kept it (not after a restore or a
+    /// request over 1 MiB).
     request: Option<(u32, u32)>,
 }
 
@@ -746,16 +765,18 @@ mod tests {
         let importing = format!(r#"(import "env" "f" (func)) {ENTRY}"#);
         let e = direct_module(&component(&[&importing]), "c").unwrap_err();
         assert!(e.contains("imports 1 items"), "{e}");
-        // A module that names the exports but does not link as one (wrong types) fails at
-        // instantiation, with the export named.
+        // A module that names the exports with the wrong types, or has no memory, is refused
+        // before any instance exists (so `auto` can fall back to the WIT interface).
         let wrong = r#"(memory (export "memory") 1)
             (func (export "kvpages_direct_v1_buffer") (result i32) i32.const 0)
             (func (export "kvpages_direct_v1_call") (param i32) (result i32) i32.const 0)"#;
         let module = direct_module(&component(&[wrong]), "c").unwrap().unwrap();
-        let limits = Limits::default();
-        let sandbox = Sandbox { way: Way::Direct(Sandbox::direct(&module, "c").unwrap()), limits, origin: "c".into() };
-        let e = sandbox.instantiate().unwrap_err();
-        assert!(e.contains("kvpages_direct_v1_buffer"), "{e}");
+        let e = Sandbox::direct(&module, "c").map(|_| ()).unwrap_err();
+        assert!(e.contains("exports `kvpages_direct_v1_buffer`, but not as a function (i32) -> i32"), "{e}");
+        let no_memory = ENTRY.replace(r#"(memory (export "memory") 1)"#, "(memory 1)");
+        let module = direct_module(&component(&[&no_memory]), "c").unwrap().unwrap();
+        let e = Sandbox::direct(&module, "c").map(|_| ()).unwrap_err();
+        assert!(e.contains("exports no `memory`"), "{e}");
     }
 
     #[test]
