@@ -413,11 +413,15 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
     }
     let reply = match cmd {
         Command::Allocate { .. } => {
-            let words: Vec<u32> = Words(body).all()?.collect();
-            let (pairs, []) = words.as_chunks::<2>() else {
-                return Err(alloc::format!("{} allocation words, not pairs", words.len()));
+            // Read straight from the body's 8-byte records (no vector of words in between).
+            let _whole_words = Words(body).all()?;
+            let (pairs, []) = body.as_chunks::<8>() else {
+                return Err(alloc::format!("{} allocation words, not pairs", body.len() / 4));
             };
-            Reply::Allocated(pairs.iter().map(|&[i, p]| crate::convert::allocation_of(i, p)).collect())
+            let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            Reply::Allocated(
+                pairs.iter().map(|p| crate::convert::allocation_of(word(&p[..4]), word(&p[4..]))).collect(),
+            )
         }
         Command::Exists { .. } => Reply::Exists(
             body.iter()
