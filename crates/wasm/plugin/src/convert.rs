@@ -69,6 +69,24 @@ pub(crate) fn unpack_batch<T: KeyItem>(
     }
 }
 
+/// A confirm's batch: each key paired with its page as it is decoded (`page(i)` is page `i`,
+/// if there is one), refused unless there is exactly one page per key. Both ways in decode a
+/// confirm with this.
+pub(crate) fn confirmations(
+    bytes: &[u8],
+    pages: usize,
+    page: impl Fn(usize) -> Option<u32>,
+) -> Result<(Vec<(Key, u32)>, bool), wit::Error> {
+    let (confirmations, raw) = unpack_batch(bytes, |i, key| (key, page(i).unwrap_or(u32::MAX)))?;
+    if confirmations.len() != pages {
+        return Err(wit::Error::InvalidInput(alloc::format!(
+            "{} keys but {pages} pages: confirmations need one page per key",
+            confirmations.len()
+        )));
+    }
+    Ok((confirmations, raw))
+}
+
 /// What a batch decodes into: a key, or a key with its page. Dropping one whose key is a
 /// [`Key::Hex`] frees nothing (the key is 16 bytes in place, a page a `u32`).
 pub(crate) trait KeyItem {}

@@ -227,18 +227,8 @@ pub fn decode_apply(body: &[u8]) -> Result<Applied, String> {
             let bytes = n.checked_mul(4).filter(|&b| b <= rest.len()).ok_or_else(|| bad("pages cut off"))?;
             let (pages, rest) = rest.split_at(bytes);
             let (pages, _) = pages.as_chunks::<4>();
-            // Each key with its page as it is decoded; a key count unlike the page count is
-            // refused just below, as the WIT interface's `confirm` refuses it.
-            let (confirmations, raw) =
-                unpack_batch(rest, |i, key| (key, pages.get(i).map_or(u32::MAX, |p| u32::from_le_bytes(*p))))
-                    .map_err(|e| invalid(&e))?;
-            if confirmations.len() != n {
-                let why = alloc::format!(
-                    "malformed direct request: {} keys but {n} pages: confirmations need one page per key",
-                    confirmations.len()
-                );
-                return Err(why);
-            }
+            let page = |i: usize| pages.get(i).map(|p| u32::from_le_bytes(*p));
+            let (confirmations, raw) = crate::convert::confirmations(rest, n, page).map_err(|e| invalid(&e))?;
             (Command::Confirm { space, rank, confirmations, releases }, raw)
         }
         OP_EXISTS => {
@@ -854,7 +844,7 @@ mod tests {
             (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, 200], "op 200"),
             (vec![APPLY, 0, 0, 0, 0, 0, 0, 0, 0, OP_ALLOCATE], "header"),
             (good[..good.len() - 2].to_vec(), "keys[0]: the length prefix is cut off"),
-            (extra_key, "malformed direct request: 2 keys but 1 pages"),
+            (extra_key, "2 keys but 1 pages: confirmations need one page per key"),
             (bad_key, "keys[0]: the key is not UTF-8"),
         ];
         for (request, why) in cases {

@@ -179,16 +179,7 @@ impl wit::Guest for Plugin {
         pages: Vec<u32>,
         releases: Vec<u32>,
     ) -> Result<wit::ConfirmReport, wit::Error> {
-        // Each key with its page as it is decoded; a missing page is refused just below.
-        let (confirmations, raw) =
-            convert::unpack_batch(&keys, |i, key| (key, pages.get(i).copied().unwrap_or(u32::MAX)))?;
-        if confirmations.len() != pages.len() {
-            return Err(wit::Error::InvalidInput(alloc::format!(
-                "{} keys but {} pages: confirmations need one page per key",
-                confirmations.len(),
-                pages.len()
-            )));
-        }
+        let (confirmations, raw) = convert::confirmations(&keys, pages.len(), |i| pages.get(i).copied())?;
         let cmd = Command::Confirm { space: convert::space(space), rank, confirmations, releases };
         expect!(apply_batch(now, cmd, raw)?, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
     }
