@@ -6,11 +6,11 @@
 //! `String` — no registry types to thread through the server, no new dependency to build and
 //! audit, and nothing on the request path but an atomic add per request.
 //!
-//! Process-wide figures (requests, latencies, plugin traps, fsync, log size) live in one static
-//! [`Registry`], as in Prometheus' own client libraries: a process is one scrape target. Other
-//! layers record into it through the free functions here — [`plugin_trapped`] (the wasm engine),
-//! [`observe_fsync`] and [`set_log_bytes`] (the durability layer) — so none of them needs a
-//! handle on the server. The core's figures (pages by state, keys, event counters) are not
+//! Process-wide figures (requests, latencies, plugin traps and faults, fsync, log size) live in
+//! one static [`Registry`], as in Prometheus' own client libraries: a process is one scrape
+//! target. Other layers record into it through the free functions here — [`plugin_trapped`] and
+//! [`plugin_faulted`] (the wasm engine), [`observe_fsync`] and [`set_log_bytes`] (the
+//! durability layer) — so none of them needs a handle on the server. The core's figures (pages by state, keys, event counters) are not
 //! copied anywhere: each scrape asks the engine for `Command::Stats`, like `/stats`.
 
 use std::collections::HashMap;
@@ -119,6 +119,7 @@ pub struct Registry {
     /// By route label; a route's entry is made on its first request.
     routes: RwLock<HashMap<Box<str>, Arc<RouteMetrics>>>,
     plugin_traps: AtomicU64,
+    plugin_faults: AtomicU64,
     fsync: Histogram,
     log_bytes: AtomicU64,
 }
@@ -126,6 +127,7 @@ pub struct Registry {
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
     routes: RwLock::new(HashMap::new()),
     plugin_traps: AtomicU64::new(0),
+    plugin_faults: AtomicU64::new(0),
     fsync: Histogram::new(&FSYNC_BUCKETS),
     log_bytes: AtomicU64::new(0),
 });
@@ -167,6 +169,11 @@ pub fn record_request(route: &str, status: StatusCode, elapsed: Duration) {
 /// Counts one trap of the wasm plugin (called by the plugin engine when it contains one).
 pub fn plugin_trapped() {
     REGISTRY.plugin_traps.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one malformed answer of the wasm plugin (an engine fault; called by the plugin engine).
+pub fn plugin_faulted() {
+    REGISTRY.plugin_faults.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Records how long one fsync of the write-ahead log took (called by the durability layer).
@@ -322,6 +329,13 @@ fn render_process(out: &mut String, engine_traps: Option<u64>) {
     // hook [`plugin_trapped`]; whichever is wired up is right, so the larger one is.
     let traps = REGISTRY.plugin_traps.load(Ordering::Relaxed).max(engine_traps.unwrap_or(0));
     let _ = writeln!(out, "kvpages_plugin_traps_total {traps}");
+    header(
+        out,
+        "kvpages_plugin_faults_total",
+        "counter",
+        "Malformed answers of the wasm plugin (each an engine fault; after one to a mutating command the instance is rebuilt).",
+    );
+    let _ = writeln!(out, "kvpages_plugin_faults_total {}", REGISTRY.plugin_faults.load(Ordering::Relaxed));
     header(out, "kvpages_log_fsync_duration_seconds", "histogram", "Time one fsync of the write-ahead log took.");
     REGISTRY.fsync.render(out, "kvpages_log_fsync_duration_seconds", "");
     header(out, "kvpages_log_bytes", "gauge", "Size of the write-ahead log on disk, in bytes.");

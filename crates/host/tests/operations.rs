@@ -82,7 +82,12 @@ fn metrics_count_requests_pages_keys_and_events() {
         "{m}"
     );
     assert_eq!(sample(m, "kvpages_engine_up"), Some(1.0));
-    for name in ["kvpages_plugin_traps_total", "kvpages_log_bytes", "kvpages_log_fsync_duration_seconds_count"] {
+    for name in [
+        "kvpages_plugin_traps_total",
+        "kvpages_plugin_faults_total",
+        "kvpages_log_bytes",
+        "kvpages_log_fsync_duration_seconds_count",
+    ] {
         assert!(sample(m, name).is_some(), "{name} missing: {m}");
     }
     assert_eq!(s.post("/metrics", "").status, 405);

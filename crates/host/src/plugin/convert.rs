@@ -319,10 +319,10 @@ pub(super) fn call(
         buf.keys = 0;
         call_wit(inst, now, cmd, budget, &buf.bytes)?
     };
-    Ok(result.and_then(|reply| match fits(cmd, &reply) {
-        Ok(()) => Ok(reply),
+    Ok(match fits(cmd, &result) {
+        Ok(()) => result,
         Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", name(cmd)))),
-    }))
+    })
 }
 
 /// A text from the plugin, at most 1 KiB of it (`direct::fault_text`'s rule, for both ways in):
@@ -331,20 +331,26 @@ fn capped(text: &str) -> String {
     direct::fault_text(text.as_bytes())
 }
 
-/// Whether a plugin's `reply` fits `cmd` where the routes rely on it: they index the batch's
+/// Whether a plugin's answer fits `cmd` where the routes rely on it: they index the batch's
 /// keys by the answer, so a plugin (trusted for nothing) must answer a batch lookup key for key
 /// and allocations at key positions, in range and in increasing order, as the core does (which
 /// also answers each distinct key exactly once; a plugin that leaves one out or repeats one
-/// gets a shorter vLLM answer or SGLang's engine fault, not a panic).
-fn fits(cmd: &Command, reply: &Reply) -> Result<(), String> {
-    match (cmd, reply) {
-        (Command::Exists { keys, .. }, Reply::Exists(answers)) if answers.len() != keys.len() => {
+/// gets a shorter vLLM answer or SGLang's engine fault, not a panic). A confirm's refusals are
+/// at most one a pair (and, when nothing was confirmed, exactly one), its ignored releases at
+/// most one a release: so what a plugin answers is bounded by what it was asked.
+fn fits(cmd: &Command, answer: &Result<Reply, EngineError>) -> Result<(), String> {
+    let most = |what: &str, n: usize, of: usize| match n > of {
+        true => Err(format!("{n} {what} for {of}")),
+        false => Ok(()),
+    };
+    match (cmd, answer) {
+        (Command::Exists { keys, .. }, Ok(Reply::Exists(answers))) if answers.len() != keys.len() => {
             Err(format!("{} answers for {} keys", answers.len(), keys.len()))
         }
-        (Command::Locations { keys, .. }, Reply::Locations(answers)) if answers.len() != keys.len() => {
+        (Command::Locations { keys, .. }, Ok(Reply::Locations(answers))) if answers.len() != keys.len() => {
             Err(format!("{} answers for {} keys", answers.len(), keys.len()))
         }
-        (Command::Allocate { keys, .. }, Reply::Allocated(a)) => {
+        (Command::Allocate { keys, .. }, Ok(Reply::Allocated(a))) => {
             let mut next = 0;
             for a in a {
                 if (a.index as usize) < next || a.index as usize >= keys.len() {
@@ -353,6 +359,15 @@ fn fits(cmd: &Command, reply: &Reply) -> Result<(), String> {
                 next = a.index as usize + 1;
             }
             Ok(())
+        }
+        (Command::Confirm { confirmations, releases, .. }, Ok(Reply::Confirmed(r))) => {
+            most("refusals", r.refused.len(), confirmations.len())?;
+            most("ignored releases", r.ignored_releases.len(), releases.len())
+        }
+        (Command::Confirm { confirmations, .. }, Err(EngineError::Domain(kv::Error::NothingConfirmed { refused })))
+            if refused.len() != confirmations.len() =>
+        {
+            Err(format!("nothing confirmed with {} refusals for {} pairs", refused.len(), confirmations.len()))
         }
         _ => Ok(()),
     }
@@ -581,7 +596,7 @@ mod tests {
                     Command::Exists { space: space.clone(), keys: batch.clone() },
                     Command::Locations { space: space.clone(), rank: 0, keys: batch.clone() },
                 ] {
-                    let reply = core.apply(1, &cmd).unwrap();
+                    let reply = core.apply(1, &cmd).map_err(EngineError::Domain);
                     assert_eq!(fits(&cmd, &reply), Ok(()), "{cmd:?}: {reply:?}");
                 }
             }
@@ -594,12 +609,48 @@ mod tests {
             (Reply::Allocated(vec![at(1), at(0)]), "key 0 of 3 out of order"),
             (Reply::Allocated(vec![at(1), at(1)]), "key 1 of 3 out of order"),
         ] {
-            assert!(fits(&alloc, &reply).unwrap_err().contains(why), "{reply:?}");
+            assert!(fits(&alloc, &Ok(reply.clone())).unwrap_err().contains(why), "{reply:?}");
         }
         let exists = Command::Exists { space: kv::Space::Vllm, keys: keys.clone() };
-        assert_eq!(fits(&exists, &Reply::Exists(vec![true; 2])).unwrap_err(), "2 answers for 3 keys");
-        let locations = Command::Locations { space: kv::Space::Vllm, rank: 0, keys };
-        assert_eq!(fits(&locations, &Reply::Locations(vec![None; 4])).unwrap_err(), "4 answers for 3 keys");
+        assert_eq!(fits(&exists, &Ok(Reply::Exists(vec![true; 2]))).unwrap_err(), "2 answers for 3 keys");
+        let locations = Command::Locations { space: kv::Space::Vllm, rank: 0, keys: keys.clone() };
+        assert_eq!(fits(&locations, &Ok(Reply::Locations(vec![None; 4]))).unwrap_err(), "4 answers for 3 keys");
+
+        // Confirms: the core's answers fit (one refused pair and an ignored release; nothing
+        // confirmed, one refusal a pair), a broken plugin's longer lists do not.
+        let mut core = kv::Core::new(1, kv::Settings::default());
+        core.apply(0, &Command::Initialize { space: kv::Space::Vllm, rank: 0, num_pages: 8 }).unwrap();
+        let Reply::Allocated(a) =
+            core.apply(1, &Command::Allocate { space: kv::Space::Vllm, rank: 0, keys: vec![k("a")] }).unwrap()
+        else {
+            panic!()
+        };
+        let page = a[0].page.unwrap();
+        let confirm = |pairs: Vec<(Key, u32)>, releases: Vec<u32>| Command::Confirm {
+            space: kv::Space::Vllm,
+            rank: 0,
+            confirmations: pairs,
+            releases,
+        };
+        let some = confirm(vec![(k("a"), page), (k("b"), page)], vec![(page + 1) % 8]);
+        let none = confirm(vec![(k("c"), (page + 2) % 8), (k("d"), (page + 3) % 8)], vec![]);
+        let refused = kv::Refused { index: 0, page: 0, reason: kv::Refusal::NotReserved };
+        for cmd in [&some, &none] {
+            let answer = core.clone().apply(2, cmd).map_err(EngineError::Domain);
+            assert_eq!(fits(cmd, &answer), Ok(()), "{cmd:?}: {answer:?}");
+        }
+        let Ok(Reply::Confirmed(report)) = core.clone().apply(2, &some) else { panic!() };
+        assert_eq!((report.refused.len(), report.ignored_releases.len()), (1, 1), "{report:?}");
+        let mut long = report.clone();
+        long.refused = vec![refused; 3];
+        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "3 refusals for 2");
+        let mut long = report;
+        long.ignored_releases = vec![(0, kv::IgnoredRelease::AlreadyFree); 2];
+        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "2 ignored releases for 1");
+        for n in [1, 3] {
+            let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![refused; n] }));
+            assert_eq!(fits(&none, &answer).unwrap_err(), format!("nothing confirmed with {n} refusals for 2 pairs"));
+        }
     }
 
     #[test]

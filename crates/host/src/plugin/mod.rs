@@ -19,7 +19,8 @@
 //! journaled: the core guarantees that replay does not depend on them. A malformed answer to a
 //! mutating command (or one that does not fit its batch, see `convert::fits`) is an engine
 //! fault, and the instance is rebuilt the same way: the guest may have applied the command,
-//! which the journal does not hold (not counted as a trap; logged at `error`).
+//! which the journal does not hold (not counted as a trap: logged at `error` and counted in
+//! `kvpages_plugin_faults_total`).
 //!
 //! A snapshot is taken when the time spent applying the journaled commands reaches
 //! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least
@@ -88,6 +89,8 @@ pub struct PluginEngine {
     settings: Settings,
     recovery: Recovery,
     traps: u64,
+    /// Malformed answers since start-up (see [`PluginEngine::faults`]).
+    faults: u64,
     /// The bytes of the call in progress (kept: one buffer for every call, which the journal
     /// copies the packed keys from).
     buf: convert::CallBuffer,
@@ -103,6 +106,7 @@ impl PluginEngine {
             settings,
             recovery: Recovery::default(),
             traps: 0,
+            faults: 0,
             buf: convert::CallBuffer::default(),
         };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
@@ -118,6 +122,7 @@ impl PluginEngine {
             settings: Settings::default(),
             recovery: Recovery { snapshot: snapshot.to_vec(), ..Recovery::default() },
             traps: 0,
+            faults: 0,
             buf: convert::CallBuffer::default(),
         };
         engine.instance = Some(engine.rebuild().map_err(|e| format!("{}: {e}", engine.sandbox.origin()))?);
@@ -127,6 +132,12 @@ impl PluginEngine {
     /// Traps contained since start-up.
     pub fn traps(&self) -> u64 {
         self.traps
+    }
+
+    /// Malformed answers since start-up (each an engine fault; after one to a mutating command
+    /// the instance was rebuilt).
+    pub fn faults(&self) -> u64 {
+        self.faults
     }
 
     /// The guest's linear memory, in bytes.
@@ -196,6 +207,12 @@ impl PluginEngine {
             traps = self.traps,
             "plugin trapped: {trap}; rebuilding the engine"
         );
+        self.reinstate()
+    }
+
+    /// Drops the instance and rebuilds it from the snapshot and the journal; on failure, the
+    /// next call tries again.
+    fn reinstate(&mut self) -> bool {
         self.instance = None;
         match self.rebuild() {
             Ok(inst) => {
@@ -224,18 +241,17 @@ impl Engine for PluginEngine {
         let inst = self.instance.as_mut().expect("just ensured");
         let start = std::time::Instant::now();
         match convert::call(inst, now, cmd, &mut self.buf) {
-            Ok(Err(EngineError::Fault(why))) if cmd.is_mutating() => {
-                // The guest answered something malformed (or refused what the host built): it
-                // may have applied the command all the same, which the journal does not hold.
-                // The instance is rebuilt from the snapshot and the journal, so its state stays
-                // the one recovery would give.
-                tracing::error!(command = convert::name(cmd), "{why}; rebuilding the plugin's instance");
-                self.instance = None;
-                match self.rebuild() {
-                    Ok(inst) => self.instance = Some(inst),
-                    Err(e) => {
-                        tracing::error!("the plugin engine could not be restored: {e}; the next request tries again")
-                    }
+            Ok(Err(EngineError::Fault(why))) => {
+                // The guest answered something malformed (or refused what the host built). To a
+                // mutating command, it may have applied the command all the same, which the
+                // journal does not hold: the instance is rebuilt from the snapshot and the
+                // journal, so its state stays the one recovery would give.
+                self.faults += 1;
+                crate::metrics::plugin_faulted();
+                let mutating = cmd.is_mutating();
+                tracing::error!(command = convert::name(cmd), faults = self.faults, rebuild = mutating, "{why}");
+                if mutating {
+                    self.reinstate();
                 }
                 Err(EngineError::Fault(why))
             }

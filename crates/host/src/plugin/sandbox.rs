@@ -234,29 +234,7 @@ impl Sandbox {
             Component::new(engine, bytes).map_err(|e| format!("{origin} is not a valid component: {e:#}"))?;
         tracing::info!(bytes = bytes.len(), ms = start.elapsed().as_millis() as u64, "compiled {origin}");
         let pre = Sandbox::wit(&component, origin)?;
-        let found = match calls {
-            Calls::Wit => Ok(None),
-            Calls::Auto | Calls::Direct => {
-                direct_module(bytes, origin).and_then(|m| m.map(|m| Sandbox::direct(&m, origin)).transpose())
-            }
-        };
-        let way = match (found, calls) {
-            (Ok(Some(pre)), _) => Way::Direct(pre),
-            (Err(e), Calls::Direct) => return Err(e),
-            (Ok(None), Calls::Direct) => {
-                return Err(format!(
-                    "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
-                     use --plugin-calls wit or auto",
-                    direct::BUFFER,
-                    direct::CALL
-                ));
-            }
-            (Err(e), _) => {
-                tracing::warn!("{e}; calling it through its WIT interface");
-                Way::Wit(Box::new(pre))
-            }
-            (Ok(None), _) => Way::Wit(Box::new(pre)),
-        };
+        let way = Sandbox::choose(calls, origin, || direct_module(bytes, origin), || Ok(pre))?;
         Ok(Sandbox { way, limits, origin: origin.to_owned() })
     }
 
@@ -316,9 +294,8 @@ impl Sandbox {
             let ms = start.elapsed().as_millis() as u64;
             tracing::info!(bytes = super::EMBEDDED.len(), ms, "compiled the embedded plugin's {what}");
         };
-        let module = match calls {
-            Calls::Wit => None,
-            Calls::Auto | Calls::Direct => MODULE
+        let module = || {
+            MODULE
                 .get_or_init(|| {
                     let start = std::time::Instant::now();
                     let module = direct_module(super::EMBEDDED, origin);
@@ -327,27 +304,51 @@ impl Sandbox {
                     }
                     module
                 })
-                .as_ref()
-                .map_err(Clone::clone)?
-                .as_ref(),
+                .clone()
         };
-        let way = match module {
-            Some(module) => Way::Direct(Sandbox::direct(module, origin)?),
-            None if calls == Calls::Direct => {
-                return Err(format!("{origin} has no direct entry point: rebuild it with `cargo xtask plugin`"));
-            }
-            None => {
-                let component = COMPONENT.get_or_init(|| {
-                    let start = std::time::Instant::now();
-                    let component = Component::from_binary(engine(), super::EMBEDDED)
-                        .map_err(|e| format!("the embedded plugin does not compile: {e:#}"));
-                    compiled("component", start);
-                    component
-                });
-                Way::Wit(Box::new(Sandbox::wit(component.as_ref().map_err(Clone::clone)?, origin)?))
-            }
-        };
+        let way = Sandbox::choose(calls, origin, module, || {
+            let component = COMPONENT.get_or_init(|| {
+                let start = std::time::Instant::now();
+                let component = Component::from_binary(engine(), super::EMBEDDED)
+                    .map_err(|e| format!("the embedded plugin does not compile: {e:#}"));
+                compiled("component", start);
+                component
+            });
+            Sandbox::wit(component.as_ref().map_err(Clone::clone)?, origin)
+        })?;
         Ok(Sandbox { way, limits, origin: origin.to_owned() })
+    }
+
+    /// The way in `calls` asks for: the direct entry point when `module` (the search for it,
+    /// not made under [`Calls::Wit`]) finds one that [`Sandbox::direct`] accepts; otherwise
+    /// `wit` (the checked WIT interface), unless `calls` is [`Calls::Direct`], which refuses.
+    /// Under [`Calls::Auto`] a component whose entry point is broken is called through WIT,
+    /// with a warning.
+    fn choose(
+        calls: Calls,
+        origin: &str,
+        module: impl FnOnce() -> Result<Option<wasmtime::Module>, String>,
+        wit: impl FnOnce() -> Result<PluginPre<Guard>, String>,
+    ) -> Result<Way, String> {
+        let found = match calls {
+            Calls::Wit => Ok(None),
+            Calls::Auto | Calls::Direct => module().and_then(|m| m.map(|m| Sandbox::direct(&m, origin)).transpose()),
+        };
+        match (found, calls) {
+            (Ok(Some(pre)), _) => Ok(Way::Direct(pre)),
+            (Err(e), Calls::Direct) => Err(e),
+            (Ok(None), Calls::Direct) => Err(format!(
+                "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
+                 rebuild it with `cargo xtask plugin`, or use --plugin-calls wit or auto",
+                direct::BUFFER,
+                direct::CALL
+            )),
+            (Err(e), _) => {
+                tracing::warn!("{e}; calling it through its WIT interface");
+                Ok(Way::Wit(Box::new(wit()?)))
+            }
+            (Ok(None), _) => Ok(Way::Wit(Box::new(wit()?))),
+        }
     }
 
     /// The limits every instance gets.
@@ -713,7 +714,7 @@ mod tests {
                 other => panic!("{cmd:?}: {other:?}"),
             }
         }
-        assert_eq!(e.traps(), 0);
+        assert_eq!((e.traps(), e.faults()), (0, 4));
 
         // A guest that grows its memory a page a call: a malformed answer to a mutating command
         // rebuilds the instance (what it may have applied is not in the journal), one to a read
@@ -736,7 +737,7 @@ mod tests {
         let alloc = Command::Allocate { space: Space::Vllm, rank: 0, keys };
         assert!(matches!(e.apply(2, &alloc), Err(EngineError::Fault(_))));
         assert_eq!(e.memory(), 2 * page, "rebuilt: a new instance, one `create`");
-        assert_eq!(e.traps(), 0);
+        assert_eq!((e.traps(), e.faults()), (0, 2));
     }
 
     /// A component (WAT) holding the given core modules, instantiated and nothing else.
