@@ -10,8 +10,9 @@
 //! one static [`Registry`], as in Prometheus' own client libraries: a process is one scrape
 //! target. Other layers record into it through the free functions here — [`plugin_trapped`] and
 //! [`plugin_faulted`] (the wasm engine), [`observe_fsync`] and [`set_log_bytes`] (the
-//! durability layer) — so none of them needs a handle on the server. The core's figures (pages by state, keys, event counters) are not
-//! copied anywhere: each scrape asks the engine for `Command::Stats`, like `/stats`.
+//! durability layer) — so none of them needs a handle on the server. The core's figures (pages
+//! by state, keys, event counters) are not copied anywhere: each scrape asks the engine for
+//! `Command::Stats`, like `/stats`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -333,7 +334,8 @@ fn render_process(out: &mut String, engine_traps: Option<u64>) {
         out,
         "kvpages_plugin_faults_total",
         "counter",
-        "Malformed answers of the wasm plugin (each an engine fault; after one to a mutating command the instance is rebuilt).",
+        "Malformed answers of the wasm plugin (each an engine fault; \
+         after one to a mutating command the instance is rebuilt).",
     );
     let _ = writeln!(out, "kvpages_plugin_faults_total {}", REGISTRY.plugin_faults.load(Ordering::Relaxed));
     header(out, "kvpages_log_fsync_duration_seconds", "histogram", "Time one fsync of the write-ahead log took.");

@@ -336,11 +336,12 @@ fn capped(text: &str) -> String {
 /// and allocations at key positions, in range and in increasing order, as the core does (which
 /// also answers each distinct key exactly once; a plugin that leaves one out or repeats one
 /// gets a shorter vLLM answer or SGLang's engine fault, not a panic). A confirm's refusals are
-/// at most one a pair (and, when nothing was confirmed, exactly one), its ignored releases at
-/// most one a release: so what a plugin answers is bounded by what it was asked.
+/// at most one a pair (and, when nothing was confirmed, exactly one, for a batch of at least one
+/// pair), its ignored releases at most one a release: so what a plugin answers is bounded by
+/// what it was asked.
 fn fits(cmd: &Command, answer: &Result<Reply, EngineError>) -> Result<(), String> {
-    let most = |what: &str, n: usize, of: usize| match n > of {
-        true => Err(format!("{n} {what} for {of}")),
+    let most = |what: &str, n: usize, of: usize, unit: &str| match n > of {
+        true => Err(format!("{n} {what} for {of} {unit}")),
         false => Ok(()),
     };
     match (cmd, answer) {
@@ -361,11 +362,11 @@ fn fits(cmd: &Command, answer: &Result<Reply, EngineError>) -> Result<(), String
             Ok(())
         }
         (Command::Confirm { confirmations, releases, .. }, Ok(Reply::Confirmed(r))) => {
-            most("refusals", r.refused.len(), confirmations.len())?;
-            most("ignored releases", r.ignored_releases.len(), releases.len())
+            most("refusals", r.refused.len(), confirmations.len(), "pairs")?;
+            most("ignored releases", r.ignored_releases.len(), releases.len(), "releases")
         }
         (Command::Confirm { confirmations, .. }, Err(EngineError::Domain(kv::Error::NothingConfirmed { refused })))
-            if refused.len() != confirmations.len() =>
+            if refused.len() != confirmations.len() || confirmations.is_empty() =>
         {
             Err(format!("nothing confirmed with {} refusals for {} pairs", refused.len(), confirmations.len()))
         }
@@ -635,22 +636,37 @@ mod tests {
         let some = confirm(vec![(k("a"), page), (k("b"), page)], vec![(page + 1) % 8]);
         let none = confirm(vec![(k("c"), (page + 2) % 8), (k("d"), (page + 3) % 8)], vec![]);
         let refused = kv::Refused { index: 0, page: 0, reason: kv::Refusal::NotReserved };
-        for cmd in [&some, &none] {
-            let answer = core.clone().apply(2, cmd).map_err(EngineError::Domain);
-            assert_eq!(fits(cmd, &answer), Ok(()), "{cmd:?}: {answer:?}");
-        }
-        let Ok(Reply::Confirmed(report)) = core.clone().apply(2, &some) else { panic!() };
+        let answer = core.clone().apply(2, &none).map_err(EngineError::Domain);
+        assert!(
+            matches!(&answer, Err(EngineError::Domain(kv::Error::NothingConfirmed { refused })) if refused.len() == 2),
+            "{answer:?}"
+        );
+        assert_eq!(fits(&none, &answer), Ok(()));
+        // Repeated pairs and releases: still at most one refusal a pair, one ignored release a
+        // release.
+        let twice = confirm(vec![(k("a"), page), (k("a"), page), (k("b"), page)], vec![(page + 1) % 8; 2]);
+        let answer = core.clone().apply(2, &twice).map_err(EngineError::Domain);
+        assert!(matches!(&answer, Ok(Reply::Confirmed(r)) if r.ignored_releases.len() == 2), "{answer:?}");
+        assert_eq!(fits(&twice, &answer), Ok(()));
+        let answer = core.clone().apply(2, &some).map_err(EngineError::Domain);
+        assert_eq!(fits(&some, &answer), Ok(()));
+        let Ok(Reply::Confirmed(report)) = answer else { panic!("{answer:?}") };
         assert_eq!((report.refused.len(), report.ignored_releases.len()), (1, 1), "{report:?}");
         let mut long = report.clone();
         long.refused = vec![refused; 3];
-        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "3 refusals for 2");
+        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "3 refusals for 2 pairs");
         let mut long = report;
         long.ignored_releases = vec![(0, kv::IgnoredRelease::AlreadyFree); 2];
-        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "2 ignored releases for 1");
+        assert_eq!(fits(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "2 ignored releases for 1 releases");
         for n in [1, 3] {
             let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![refused; n] }));
             assert_eq!(fits(&none, &answer).unwrap_err(), format!("nothing confirmed with {n} refusals for 2 pairs"));
         }
+        // "Nothing confirmed" of an empty batch: the core confirms an empty batch.
+        let empty = confirm(vec![], vec![]);
+        assert!(matches!(core.clone().apply(2, &empty), Ok(Reply::Confirmed(_))));
+        let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![] }));
+        assert_eq!(fits(&empty, &answer).unwrap_err(), "nothing confirmed with 0 refusals for 0 pairs");
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //! journaled: the core guarantees that replay does not depend on them. A malformed answer to a
 //! mutating command (or one that does not fit its batch, see `convert::fits`) is an engine
 //! fault, and the instance is rebuilt the same way: the guest may have applied the command,
-//! which the journal does not hold (not counted as a trap: logged at `error` and counted in
-//! `kvpages_plugin_faults_total`).
+//! which the journal does not hold. Every malformed answer, to a read too, is logged at `error`
+//! and counted (`PluginEngine::faults`, `kvpages_plugin_faults_total`), not as a trap.
 //!
 //! A snapshot is taken when the time spent applying the journaled commands reaches
 //! [`SNAPSHOT_RATIO`] times what the last snapshot took (and the journal holds at least

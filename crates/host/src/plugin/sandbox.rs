@@ -12,7 +12,7 @@
 //! - A component is compiled once ([`Sandbox::load`]) into an `InstancePre`; instantiating it
 //!   again after a trap costs ~0.1 ms. A `--plugin` file taken the direct way is compiled twice
 //!   at start-up (the component, to check its world, then its core module); the embedded plugin
-//!   only as its core module.
+//!   only as its core module (unless that is refused and `auto` falls back to WIT).
 //! - Two ways in ([`Calls`]): the component's WIT interface, or — when the component's core
 //!   module exports kvpages' direct entry point (`kvpages_plugin::direct`; kvpages' own plugin
 //!   does) — that module instantiated on its own and driven through one plain call a command.
@@ -234,7 +234,7 @@ impl Sandbox {
             Component::new(engine, bytes).map_err(|e| format!("{origin} is not a valid component: {e:#}"))?;
         tracing::info!(bytes = bytes.len(), ms = start.elapsed().as_millis() as u64, "compiled {origin}");
         let pre = Sandbox::wit(&component, origin)?;
-        let way = Sandbox::choose(calls, origin, || direct_module(bytes, origin), || Ok(pre))?;
+        let way = Sandbox::choose(calls, origin, "", || direct_module(bytes, origin), || Ok(pre))?;
         Ok(Sandbox { way, limits, origin: origin.to_owned() })
     }
 
@@ -306,7 +306,8 @@ impl Sandbox {
                 })
                 .clone()
         };
-        let way = Sandbox::choose(calls, origin, module, || {
+        let rebuild = "rebuild it with `cargo xtask plugin`, or ";
+        let way = Sandbox::choose(calls, origin, rebuild, module, || {
             let component = COMPONENT.get_or_init(|| {
                 let start = std::time::Instant::now();
                 let component = Component::from_binary(engine(), super::EMBEDDED)
@@ -323,10 +324,11 @@ impl Sandbox {
     /// not made under [`Calls::Wit`]) finds one that [`Sandbox::direct`] accepts; otherwise
     /// `wit` (the checked WIT interface), unless `calls` is [`Calls::Direct`], which refuses.
     /// Under [`Calls::Auto`] a component whose entry point is broken is called through WIT,
-    /// with a warning.
+    /// with a warning. `hint` starts the advice of the refusal of a component without it.
     fn choose(
         calls: Calls,
         origin: &str,
+        hint: &str,
         module: impl FnOnce() -> Result<Option<wasmtime::Module>, String>,
         wit: impl FnOnce() -> Result<PluginPre<Guard>, String>,
     ) -> Result<Way, String> {
@@ -339,7 +341,7 @@ impl Sandbox {
             (Err(e), Calls::Direct) => Err(e),
             (Ok(None), Calls::Direct) => Err(format!(
                 "{origin} has no direct entry point (a core module exporting `{}` and `{}`); \
-                 rebuild it with `cargo xtask plugin`, or use --plugin-calls wit or auto",
+                 {hint}use --plugin-calls wit or auto",
                 direct::BUFFER,
                 direct::CALL
             )),
@@ -778,6 +780,42 @@ mod tests {
         let module = direct_module(&component(&[&no_memory]), "c").unwrap().unwrap();
         let e = Sandbox::direct(&module, "c").map(|_| ()).unwrap_err();
         assert!(e.contains("exports no `memory`"), "{e}");
+    }
+
+    #[test]
+    fn the_way_in_falls_back_to_wit_under_auto_only() {
+        let wit = || match Sandbox::embedded(Limits::default(), Calls::Wit)?.way {
+            Way::Wit(pre) => Ok(*pre),
+            Way::Direct(_) => Err("the embedded plugin under `wit` went the direct way".to_owned()),
+        };
+        let no_memory = ENTRY.replace(r#"(memory (export "memory") 1)"#, "(memory 1)");
+        let good = || direct_module(&component(&[ENTRY]), "c");
+        let broken = || direct_module(&component(&[&no_memory]), "c");
+        let none = || Ok(None);
+        let unscannable = || Err("c does not parse".to_owned());
+        let way = |calls, module: &dyn Fn() -> Result<Option<wasmtime::Module>, String>| match Sandbox::choose(
+            calls, "c", "HINT; ", module, wit,
+        ) {
+            Ok(Way::Direct(_)) => Ok("direct"),
+            Ok(Way::Wit(_)) => Ok("wit"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(way(Calls::Auto, &good), Ok("direct"));
+        assert_eq!(way(Calls::Direct, &good), Ok("direct"));
+        for module in [&broken as &dyn Fn() -> _, &none, &unscannable] {
+            assert_eq!(way(Calls::Auto, module), Ok("wit"));
+        }
+        // `wit` never looks for the entry point.
+        assert_eq!(way(Calls::Wit, &|| panic!("scanned under `wit`")), Ok("wit"));
+        // `direct` refuses, with the reason.
+        let e = way(Calls::Direct, &broken).unwrap_err();
+        assert!(e.contains("exports no `memory`"), "{e}");
+        let e = way(Calls::Direct, &none).unwrap_err();
+        assert!(
+            e.contains("c has no direct entry point") && e.contains("; HINT; use --plugin-calls wit or auto"),
+            "{e}"
+        );
+        assert_eq!(way(Calls::Direct, &unscannable).unwrap_err(), "c does not parse");
     }
 
     #[test]
