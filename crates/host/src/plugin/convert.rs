@@ -172,7 +172,7 @@ fn error(e: wit::Error) -> EngineError {
             },
         },
         wit::Error::SglangPoolsExist(pools) => kv::Error::SglangPoolsExist { pools },
-        wit::Error::ImportRefused(reason) => kv::Error::ImportRefused { reason: capped(&reason) },
+        wit::Error::ImportRefused(reason) => kv::Error::ImportRefused { reason },
         wit::Error::NothingConfirmed(r) => {
             kv::Error::NothingConfirmed { refused: r.into_iter().map(refused).collect() }
         }
@@ -308,9 +308,6 @@ pub(super) fn call(
         let (status, reply) = inst.exchange(budget, &buf.bytes)?;
         match direct::decode_reply(cmd, status, reply) {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(kv::Error::ImportRefused { reason })) => {
-                Err(EngineError::Domain(kv::Error::ImportRefused { reason: capped(&reason) }))
-            }
             Ok(Err(refusal)) => Err(EngineError::Domain(refusal)),
             Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
         }
@@ -320,7 +317,13 @@ pub(super) fn call(
         call_wit(inst, now, cmd, budget, &buf.bytes)?
     };
     Ok(match fits(cmd, &result) {
-        Ok(()) => result,
+        // The one refusal that carries the plugin's own text: capped, by either way in.
+        Ok(()) => result.map_err(|e| match e {
+            EngineError::Domain(kv::Error::ImportRefused { reason }) => {
+                EngineError::Domain(kv::Error::ImportRefused { reason: capped(&reason) })
+            }
+            e => e,
+        }),
         Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", name(cmd)))),
     })
 }

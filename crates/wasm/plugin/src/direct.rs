@@ -196,6 +196,8 @@ fn whole<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
 pub struct Applied {
     /// The request's time.
     pub now: Millis,
+    /// The request's op (which command, hence which reply).
+    pub op: u8,
     /// The command.
     pub cmd: Command,
     /// Every key of the batch was a raw 32-hex one.
@@ -266,7 +268,7 @@ pub fn decode_apply(body: &[u8]) -> Result<Applied, String> {
         OP_LEASE_ALL => cold::decode::<()>(rest).map(|()| (Command::LeaseAll, false))?,
         other => return Err(bad(&alloc::format!("op {other}"))),
     };
-    Ok(Applied { now, cmd, raw })
+    Ok(Applied { now, op, cmd, raw })
 }
 
 fn invalid(e: &crate::bindings::exports::kvpages::engine::engine::Error) -> String {
@@ -494,64 +496,24 @@ pub fn decode_reply(cmd: &Command, status: u32, body: &[u8]) -> Result<Result<Re
 }
 
 #[cfg(any(target_arch = "wasm32", test))]
-/// A command's kind, for [`answers`] (kept while the command itself is consumed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Configure,
-    Initialize,
-    Allocate,
-    Confirm,
-    Exists,
-    Locations,
-    Delete,
-    Inspect,
-    Clear,
-    Stats,
-    Import,
-    Export,
-    LeaseAll,
-}
-
-#[cfg(any(target_arch = "wasm32", test))]
-impl Kind {
-    fn of(cmd: &Command) -> Kind {
-        match cmd {
-            Command::Configure(_) => Kind::Configure,
-            Command::Initialize { .. } => Kind::Initialize,
-            Command::Allocate { .. } => Kind::Allocate,
-            Command::Confirm { .. } => Kind::Confirm,
-            Command::Exists { .. } => Kind::Exists,
-            Command::Locations { .. } => Kind::Locations,
-            Command::Delete { .. } => Kind::Delete,
-            Command::Inspect { .. } => Kind::Inspect,
-            Command::Clear { .. } | Command::Reset { .. } => Kind::Clear,
-            Command::Stats => Kind::Stats,
-            Command::ImportSglang { .. } => Kind::Import,
-            Command::ExportSglang => Kind::Export,
-            Command::LeaseAll => Kind::LeaseAll,
-        }
-    }
-}
-
-#[cfg(any(target_arch = "wasm32", test))]
-/// Whether `reply` is the kind of reply a command of `kind` gets (the guest checks the core's
-/// answer before encoding it, since the host decodes by the command it sent).
-fn answers(kind: &Kind, reply: &Reply) -> bool {
+/// Whether `reply` is the kind of reply a command of request op `op` gets (the guest checks the
+/// core's answer before encoding it, since the host decodes by the command it sent).
+fn answers(op: u8, reply: &Reply) -> bool {
     matches!(
-        (kind, reply),
-        (Kind::Configure, Reply::Configured)
-            | (Kind::Initialize, Reply::Initialized { .. })
-            | (Kind::Allocate, Reply::Allocated(_))
-            | (Kind::Confirm, Reply::Confirmed(_))
-            | (Kind::Exists, Reply::Exists(_))
-            | (Kind::Locations, Reply::Locations(_))
-            | (Kind::Delete, Reply::Deleted(_))
-            | (Kind::Inspect, Reply::Key(_))
-            | (Kind::Clear, Reply::Cleared { .. })
-            | (Kind::Stats, Reply::Stats(_))
-            | (Kind::Import, Reply::Imported { .. })
-            | (Kind::Export, Reply::SglangPools(_))
-            | (Kind::LeaseAll, Reply::Leased(_))
+        (op, reply),
+        (OP_CONFIGURE, Reply::Configured)
+            | (OP_INITIALIZE, Reply::Initialized { .. })
+            | (OP_ALLOCATE, Reply::Allocated(_))
+            | (OP_CONFIRM, Reply::Confirmed(_))
+            | (OP_EXISTS, Reply::Exists(_))
+            | (OP_LOCATIONS, Reply::Locations(_))
+            | (OP_DELETE, Reply::Deleted(_))
+            | (OP_INSPECT, Reply::Key(_))
+            | (OP_RESET | OP_CLEAR, Reply::Cleared { .. })
+            | (OP_STATS, Reply::Stats(_))
+            | (OP_IMPORT_SGLANG, Reply::Imported { .. })
+            | (OP_EXPORT_SGLANG, Reply::SglangPools(_))
+            | (OP_LEASE_ALL, Reply::Leased(_))
     )
 }
 
@@ -602,7 +564,7 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
             }
         }
         APPLY => {
-            let Applied { now, cmd, raw } = match decode_apply(body) {
+            let Applied { now, op, cmd, raw } = match decode_apply(body) {
                 Ok(a) => a,
                 Err(why) => return fault(reply, &why),
             };
@@ -611,13 +573,12 @@ pub(crate) fn handle(request: &[u8], reply: &mut Vec<u8>) -> u32 {
                 Command::Allocate { keys, .. } => crate::chaos::before(keys),
                 _ => false,
             };
-            let cmd_kind = Kind::of(&cmd);
             let result = crate::run(now, cmd, raw);
             #[cfg(feature = "chaos")]
             crate::chaos::after(after);
             let encoded = match result {
                 Ok(Ok(r)) => {
-                    assert!(answers(&cmd_kind, &r), "the core answered {cmd_kind:?} with {r:?}");
+                    assert!(answers(op, &r), "the core answered op {op} with {r:?}");
                     encode_reply(reply, &r).map(|()| OK)
                 }
                 Ok(Err(e)) => put(reply, &e).map(|()| REFUSED),
