@@ -988,4 +988,32 @@ mod tests {
         assert_eq!(core_rows.lines().count(), 2 + 6);
         assert!(!core_rows.contains(" - |"), "every pool size has every group: {core_rows}");
     }
+
+    /// BENCHMARKS.md and README.md keep the markers `cargo xtask bench` writes its tables
+    /// between, and hold the tables the committed JSON renders: a hand edit that drops a marker
+    /// (session 28's did, and the next full run failed at its end) or changes a generated table
+    /// fails here, not after a 20-minute run.
+    #[test]
+    fn the_docs_hold_the_tables_of_the_committed_results() {
+        let docs = root().join("docs/bench");
+        let load = read_json(&docs.join("load.json")).unwrap();
+        let core = read_json(&docs.join("core.json")).unwrap();
+        let dir = std::env::temp_dir().join(format!("kvpages-docs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tables = [
+            ("docs/BENCHMARKS.md", "load", load_table(&load)),
+            ("docs/BENCHMARKS.md", "engines", engines_table(&load)),
+            ("docs/BENCHMARKS.md", "core", core_table(&core)),
+            ("README.md", "wasm-ratios", wasm_ratio_table(&load)),
+        ];
+        for (file, name, table) in tables {
+            let committed = std::fs::read_to_string(root().join(file)).unwrap();
+            let copy = dir.join(name);
+            std::fs::write(&copy, &committed).unwrap();
+            splice(&copy, name, &table).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let rendered = std::fs::read_to_string(&copy).unwrap();
+            assert!(rendered == committed, "{file}: the `{name}` table is not what docs/bench's JSON renders");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
