@@ -144,18 +144,20 @@ fn body(b: &[u8], member: impl FnMut(&str, &mut Scan<'_>) -> Option<()>) -> Opti
     s.end()
 }
 
-/// A quoted key of 32 lowercase hex digits (the clients' keys), packed straight from the body;
-/// `None`, having moved the cursor past whitespace only, for any other value.
+/// A quoted key of 32 lowercase hex digits (the clients' keys), packed straight from the body
+/// into `dest`; `false`, having moved the cursor past whitespace only (and `dest` unspecified),
+/// for any other value.
 #[inline(always)]
-fn hex_key(s: &mut Scan<'_>) -> Option<[u8; 16]> {
+fn hex_key_into(s: &mut Scan<'_>, dest: &mut [u8; 16]) -> bool {
     s.ws();
     if let Some([b'"', hex @ .., b'"']) = s.b.get(s.i..s.i + 34)
-        && let Some(packed) = Key::pack_hex(hex)
+        && let Ok(hex) = <&[u8; 32]>::try_from(hex)
+        && Key::pack_hex_into(hex, dest)
     {
         s.i += 34;
-        return Some(packed);
+        return true;
     }
-    None
+    false
 }
 
 /// Any other key string, as [`Key::parse`] takes it.
@@ -164,17 +166,27 @@ fn text_key(s: &mut Scan<'_>) -> Option<Key> {
     Key::parse(s.string()?).ok()
 }
 
-/// A key string, pushed onto `out`. The key is built where the list keeps it: returned from a
-/// call instead (as `Option<Key>`, a list element), it went through the stack and back in
-/// pieces the CPU could not forward from the store, and `batch_exists` of 1,250 keys decoded in
-/// 14.6 µs instead of 10.4. (Inlining [`Key::pack_hex`] lost its vectorized loop: 3× slower.)
+/// A key string into `key`, where its list keeps it: a 32-hex key is packed in place (built
+/// elsewhere and moved in, it went through the stack and back in pieces the CPU could not
+/// forward from the store: `batch_exists` of 1,250 keys decoded in 14.6 µs instead of 10.4 in
+/// session 20, and again at the packed bytes in session 29, see [`Key::pack_hex_into`]).
+#[inline(always)]
+fn key_in_place(s: &mut Scan<'_>, key: &mut Key) -> Option<()> {
+    if let Key::Hex(dest) = key
+        && hex_key_into(s, dest)
+    {
+        return Some(());
+    }
+    *key = text_key(s)?;
+    Some(())
+}
+
+/// A key string, pushed onto `out`. (A failed element fails the whole fast decode, so what is
+/// left in `out` then does not matter.)
 #[inline(never)]
 fn key_into(s: &mut Scan<'_>, out: &mut Vec<Key>) -> Option<()> {
-    match hex_key(s) {
-        Some(packed) => out.push(Key::Hex(packed)),
-        None => out.push(text_key(s)?),
-    }
-    Some(())
+    out.push(Key::Hex([0; 16]));
+    key_in_place(s, out.last_mut()?)
 }
 
 /// `[key, prefix_key]` (batch_allocate's element), its key pushed onto `out`; the prefix is
@@ -192,15 +204,12 @@ fn key_pair_into(s: &mut Scan<'_>, out: &mut Vec<Key>) -> Option<()> {
 /// `[key, page]` (confirm_write's element), pushed onto `out`.
 fn key_page_into(s: &mut Scan<'_>, out: &mut Vec<(Key, u32)>) -> Option<()> {
     s.eat(b'[')?;
-    let key = match hex_key(s) {
-        Some(packed) => Key::Hex(packed),
-        None => text_key(s)?,
-    };
+    out.push((Key::Hex([0; 16]), 0));
+    let pair = out.last_mut()?;
+    key_in_place(s, &mut pair.0)?;
     s.eat(b',')?;
-    let page = s.u32()?;
-    s.eat(b']')?;
-    out.push((key, page));
-    Some(())
+    pair.1 = s.u32()?;
+    s.eat(b']')
 }
 
 /// `{"rank": N, "keys": [...]}` with `keys` optional (empty): batch_allocate with pairs,
