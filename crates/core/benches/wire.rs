@@ -162,23 +162,21 @@ fn request(c: &mut Criterion) {
                     "{{\"rank\":0,\"keys\":[{}]}}",
                     fresh.iter().map(|k| format!("[\"{k}\",\"\"]")).collect::<Vec<_>>().join(",")
                 );
+                // One request: parse, apply, answer.
+                let request = |core: &mut Core, path: &str, body: &str| {
+                    let p = parsed(path, body.as_bytes());
+                    let r = core.apply(now, p.command());
+                    black_box(p.answer(r))
+                };
                 let t = std::time::Instant::now();
-                let p = parsed("/keys/batch_exists", exists.as_bytes());
-                let r = core.apply(now, p.command());
-                let found = black_box(p.answer(r));
-                let p = parsed("/keys/batch_allocate", allocate.as_bytes());
-                let r = core.apply(now, p.command());
-                let allocated = black_box(p.answer(r));
+                let found = request(&mut core, "/keys/batch_exists", &exists);
+                let allocated = request(&mut core, "/keys/batch_allocate", &allocate);
                 spent += t.elapsed();
                 let pairs = pairs_of(&allocated.body);
                 let confirm = confirm_body(&pairs, "");
                 let t = std::time::Instant::now();
-                let p = parsed("/keys/confirm_write", confirm.as_bytes());
-                let r = core.apply(now, p.command());
-                let confirmed = black_box(p.answer(r));
-                let p = parsed("/keys/get_locations", locations.as_bytes());
-                let r = core.apply(now, p.command());
-                let located = black_box(p.answer(r));
+                let confirmed = request(&mut core, "/keys/confirm_write", &confirm);
+                let located = request(&mut core, "/keys/get_locations", &locations);
                 spent += t.elapsed();
                 // Untimed: the cycle did what it says (16 of 32 cached, 16 fresh pages, all 32 found).
                 let hits = |body: &[u8], field: &str, hit: fn(&serde_json::Value) -> bool| {
