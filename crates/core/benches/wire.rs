@@ -93,25 +93,23 @@ fn request(c: &mut Criterion) {
     assert_eq!(init.answer(r).status, 200);
     let mut next = 0u64;
     let mut now = 1u64;
+    // Stores `n` fresh keys (allocate, then confirm); their `(key, page)` pairs.
     let mut store = |core: &mut Core, n: u64, now: u64| -> Vec<(String, i64)> {
         let p = parsed("/keys/batch_allocate", allocate_body(next..next + n, "").as_bytes());
         next += n;
         let r = core.apply(now, p.command());
-        pairs_of(&p.answer(r).body)
-    };
-    for _ in 0..128 {
-        let pairs = store(&mut core, 128, now);
+        let pairs = pairs_of(&p.answer(r).body);
         let p = parsed("/keys/confirm_write", confirm_body(&pairs, "").as_bytes());
         let r = core.apply(now, p.command());
         assert_eq!(p.answer(r).status, 204);
+        pairs
+    };
+    for _ in 0..128 {
+        store(&mut core, 128, now);
         now += 1;
     }
     // The save/load cycle's first prompt: 16 stored blocks.
-    let first = store(&mut core, 16, now);
-    let p = parsed("/keys/confirm_write", confirm_body(&first, "").as_bytes());
-    let r = core.apply(now, p.command());
-    assert_eq!(p.answer(r).status, 204);
-    let mut prev: Vec<String> = first.into_iter().map(|(k, _)| k).collect();
+    let mut prev: Vec<String> = store(&mut core, 16, now).into_iter().map(|(k, _)| k).collect();
     // A save: allocate 32 fresh keys, confirm them, delete them (so the state stays the same).
     // Only the server's part is timed: writing the bodies and reading the allocate reply, as
     // the client does, happen outside.
