@@ -851,6 +851,11 @@ impl KeyTable {
             return Err(format!("recency list ends at {prev}, newest is {}", self.newest));
         }
         let with_pages = self.entries().filter(|(_, e)| e.pages.len() > 0).count();
+        // A key outside the list links nowhere: `touch` takes a key without a newer neighbour
+        // that is not the newest for one joining the list, and links it from scratch.
+        if let Some((_, e)) = self.entries().find(|(_, e)| e.pages.len() == 0 && (e.older != NIL || e.newer != NIL)) {
+            return Err(format!("key {:?} is outside the recency list but linked in it", e.key));
+        }
         if listed != with_pages || listed != self.committed {
             return Err(format!(
                 "{listed} keys in the recency list, {with_pages} keys with pages, {} counted",
@@ -1049,6 +1054,41 @@ mod tests {
         t.leave_candidates(s[0]);
         t.link_after(List::Candidates, s[0], s[4]);
         assert!(t.check(|_| false).unwrap_err().starts_with("candidate 0 is slot"));
+    }
+
+    #[test]
+    fn a_new_key_joins_both_lists_at_their_newest_ends_and_an_unlisted_key_links_nowhere() {
+        let mut t = KeyTable::new(5);
+        let s: Vec<u32> = ["a", "b", "c", "d"].iter().map(|k| t.find_or_insert(&Key::parse(k).unwrap())).collect();
+        // Each holds a reservation until its commit (a key that holds nothing is not stored).
+        for &slot in &s {
+            t.get_mut(slot).reservations = 1;
+        }
+        let commit = |t: &mut KeyTable, slot: u32| {
+            t.get_mut(slot).reservations = 0;
+            t.get_mut(slot).pages.insert(0, slot);
+            t.touch(slot);
+        };
+        // Into empty lists.
+        commit(&mut t, s[0]);
+        assert_eq!((order(&t), candidates(&t)), (alloc::vec![s[0]], alloc::vec![s[0]]));
+        // Every listed key leased: the candidate list is empty, the recency list is not.
+        t.leave_candidates(s[0]);
+        commit(&mut t, s[1]);
+        assert_eq!((order(&t), candidates(&t)), (alloc::vec![s[0], s[1]], alloc::vec![s[1]]));
+        t.check(|x| x == s[0]).unwrap();
+        // Behind a listed, unleased key.
+        commit(&mut t, s[2]);
+        assert_eq!((order(&t), candidates(&t)), (alloc::vec![s[0], s[1], s[2]], alloc::vec![s[1], s[2]]));
+        assert_eq!(t.committed_len(), 3);
+        t.check(|x| x == s[0]).unwrap();
+        // The check refuses a key outside the list whose links point into it (a forged
+        // snapshot): its first commit would splice the list at that point.
+        t.get_mut(s[3]).newer = s[1];
+        assert_eq!(
+            t.check(|x| x == s[0]).unwrap_err(),
+            alloc::format!("key {:?} is outside the recency list but linked in it", Key::parse("d").unwrap())
+        );
     }
 
     #[test]

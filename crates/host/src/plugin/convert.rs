@@ -72,8 +72,9 @@ pub(super) struct CallBuffer {
     seen: Seen,
 }
 
-/// [`answered_once`]'s tables, kept between calls (no allocation a call), and its hasher,
-/// seeded at random: a client that knew the seed could send keys that all collide.
+/// [`answered_once`]'s tables, kept between calls (no allocation a call once they have grown to
+/// the largest batch), and its hasher, seeded at random: a client that knew the seed could send
+/// keys that all collide, or shape the free list so that a batch's pages did.
 pub(super) struct Seen {
     hasher: foldhash::fast::FixedState,
     tables: Vec<u32>,
@@ -436,7 +437,7 @@ fn answered_once(keys: &[Key], allocations: &[kv::Allocation], seen: &mut Seen) 
                 let Some(mark) = page.checked_add(1) else {
                     return Err(format!("page {page} for key {i}, past any rank's pages"));
                 };
-                let mut b = (u64::from(page).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as usize;
+                let mut b = (hasher.hash_one(page) >> shift) as usize;
                 loop {
                     match pages[b] {
                         0 => break pages[b] = mark,
@@ -681,21 +682,32 @@ mod tests {
     #[test]
     fn the_cores_allocations_answer_each_distinct_key_once_and_a_broken_plugins_do_not() {
         // Seeded batches with repeats, hits (some keys stored), and pools too small for the
-        // batch (-1 answers; with eviction on, evictions), through one set of tables reused
+        // batch (-1 answers; with eviction on, evictions), in vLLM's space and SGLang's (per-key
+        // LIFO serving), 32-hex keys and a few text ones, through one set of tables reused
         // across batch sizes, as a plugin engine's are.
         let mut seen = Seen::default();
+        let mut totals = kv::Counters::default();
         for seed in 0..40 {
             let mut n = numbers(seed);
             let settings = kv::Settings {
                 eviction: if seed % 2 == 0 { kv::Eviction::Lru } else { kv::Eviction::Off },
                 ..kv::Settings::default()
             };
+            let space = match seed % 4 {
+                3 => kv::Space::Sglang { rank: 0, namespace: "kv".into() },
+                _ => kv::Space::Vllm,
+            };
             let mut core = kv::Core::new(seed, settings);
             let pages = 1 + n(300) as u32;
-            core.apply(0, &Command::Initialize { space: kv::Space::Vllm, rank: 0, num_pages: pages }).unwrap();
+            core.apply(0, &Command::Initialize { space: space.clone(), rank: 0, num_pages: pages }).unwrap();
             for round in 0..12u64 {
-                let keys: Vec<Key> = (0..n(200)).map(|_| Key::parse(&format!("{:032x}", n(150))).unwrap()).collect();
-                let cmd = Command::Allocate { space: kv::Space::Vllm, rank: 0, keys: keys.clone() };
+                let keys: Vec<Key> = (0..n(200))
+                    .map(|_| match n(8) {
+                        0 => Key::parse(&format!("k{}", n(20))).unwrap(),
+                        _ => Key::parse(&format!("{:032x}", n(150))).unwrap(),
+                    })
+                    .collect();
+                let cmd = Command::Allocate { space: space.clone(), rank: 0, keys: keys.clone() };
                 let reply = core.apply(1 + round, &cmd).map_err(EngineError::Domain);
                 assert_eq!(fits(&cmd, &reply, &mut seen), Ok(()), "seed {seed} round {round}");
                 let Ok(Reply::Allocated(a)) = reply else { panic!("{reply:?}") };
@@ -706,9 +718,10 @@ mod tests {
                     .filter_map(|x| Some((keys[x.index as usize].clone(), x.page?)))
                     .collect();
                 let confirm =
-                    Command::Confirm { space: kv::Space::Vllm, rank: 0, confirmations: pairs, releases: vec![] };
+                    Command::Confirm { space: space.clone(), rank: 0, confirmations: pairs, releases: vec![] };
                 let _ = core.apply(1 + round, &confirm);
-                // Broken the three ways: a key left out, a repeat answered, a page given twice.
+                // Broken four ways: a key left out, a repeat answered, a page past any rank's,
+                // a page given twice.
                 let reply = |a: Vec<kv::Allocation>| Ok(Reply::Allocated(a));
                 if !a.is_empty() {
                     let mut left_out = a.clone();
@@ -739,7 +752,12 @@ mod tests {
                     assert_eq!(why, format!("page {page} allocated to two keys (the second: key {second})"));
                 }
             }
+            let c = core.stats().spaces[0].counters;
+            (totals.cache_hits, totals.misses, totals.evictions) =
+                (totals.cache_hits + c.cache_hits, totals.misses + c.misses, totals.evictions + c.evictions);
         }
+        // The batches met what they are there for.
+        assert!(totals.cache_hits > 100 && totals.misses > 100 && totals.evictions > 100, "{totals:?}");
     }
 
     #[test]
