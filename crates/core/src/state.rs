@@ -420,8 +420,9 @@ impl SpaceState {
     /// Most reads extend a lease (a key read again soon), so that part is inlined into
     /// `get_locations`' per-key loop and a lease's start is a call of its own: through the
     /// plugin a 32-key `get_locations` ran 26.9k → 25.8k instructions (one wasm call less a
-    /// key), natively 11.6k either way (`examples/instructions.rs`, callgrind).
-    #[inline]
+    /// key). Natively a plain `#[inline]` left it a call (11.7k); forced, 11.1k
+    /// (`examples/instructions.rs`, callgrind). (`touch` forced inline cost more: 12.2k.)
+    #[inline(always)]
     fn lease(&mut self, slot: u32, now: Millis, duration: Millis) {
         if duration == 0 {
             return;
