@@ -179,15 +179,17 @@ impl KeyGen {
     }
 }
 
-/// A small PRNG for picking stored keys (xorshift64*).
+/// A small PRNG for picking stored keys (xorshift64*); the plugin host's tests draw their
+/// seeded batches from it too.
 #[derive(Debug)]
-pub(super) struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub(super) fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(splitmix64(seed) | 1)
     }
-    fn below(&mut self, n: usize) -> usize {
+    /// A number below `n` (not 0).
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

@@ -407,7 +407,7 @@ fn fits(cmd: &Command, answer: &Result<Reply, EngineError>, seen: &mut Seen) -> 
 /// twice, one that gave two keys a page would have them overwrite each other's block.
 fn answered_once(keys: &[Key], allocations: &[kv::Allocation], seen: &mut Seen) -> Result<(), String> {
     // Two linear-probing tables at most half full, found by a hash's top bits, in `seen`: of
-    // key positions (+1; 0 is empty) and of pages (+1: a page is below `num_pages`, a u32).
+    // key positions (+1; 0 is empty) and of pages (+1; u32::MAX, no rank's page, is refused).
     // Through two std `HashSet`s a call this check cost the plugin's 32-key save ~12 % more
     // instructions, through two tables allocated a call ~7 %, this way ~5 % (valgrind counts
     // each byte of the tables' clearing, a `rep stos`, as an instruction).
@@ -667,18 +667,6 @@ mod tests {
         fits(cmd, answer, &mut Seen::default())
     }
 
-    /// A reproducible stream of numbers (splitmix64), for the seeded batches below.
-    fn numbers(seed: u64) -> impl FnMut(u64) -> u64 {
-        let mut state = seed;
-        move |below| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) % below
-        }
-    }
-
     #[test]
     fn the_cores_allocations_answer_each_distinct_key_once_and_a_broken_plugins_do_not() {
         // Seeded batches with repeats, hits (some keys stored), and pools too small for the
@@ -688,7 +676,8 @@ mod tests {
         let mut seen = Seen::default();
         let mut totals = kv::Counters::default();
         for seed in 0..40 {
-            let mut n = numbers(seed);
+            let mut rng = crate::bench::Rng::new(seed);
+            let mut n = |below: u64| rng.below(below as usize) as u64;
             let settings = kv::Settings {
                 eviction: if seed % 2 == 0 { kv::Eviction::Lru } else { kv::Eviction::Off },
                 ..kv::Settings::default()
