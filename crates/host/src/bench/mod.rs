@@ -39,6 +39,7 @@ use axum::response::Response;
 use clap::Args;
 use serde::Serialize;
 
+#[cfg(test)]
 pub(crate) use self::workload::Rng;
 pub use self::workload::Workload;
 use self::workload::{Fixture, KeyGen, Mode, Run, Tally, Worker};
