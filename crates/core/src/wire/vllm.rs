@@ -406,30 +406,52 @@ fn end_list(out: &mut Vec<u8>) {
     out.extend_from_slice(b"]}");
 }
 
-/// `v` in decimal, as JSON writes an unsigned integer: its digits laid out first in a 10-byte
-/// buffer that is appended whole (a constant-length copy) and cut back to their count.
+/// `v` in decimal, as JSON writes an unsigned integer. Eight digits are worked out at once in
+/// the bytes of a `u64` (split into halves of four digits, those into pairs, those into digits,
+/// each by a multiply and a shift) and appended in one 8-byte store, then cut back past their
+/// leading zeros. Digit by digit through a byte buffer, a 7-digit page cost ~100 instructions
+/// with its comma (`get_locations` of 32 answered 3.3k instructions), and the buffer's bytes
+/// were read back in one load that could not be forwarded from their stores.
+#[inline(always)]
 fn push_u32(out: &mut Vec<u8>, v: u32) {
-    let len = match v {
-        0..=9 => 1,
-        10..=99 => 2,
-        100..=999 => 3,
-        1_000..=9_999 => 4,
-        10_000..=99_999 => 5,
-        100_000..=999_999 => 6,
-        1_000_000..=9_999_999 => 7,
-        10_000_000..=99_999_999 => 8,
-        100_000_000..=999_999_999 => 9,
-        _ => 10,
-    };
-    let mut digits = [0u8; 10];
-    let mut rest = v;
-    for d in digits[..len].iter_mut().rev() {
-        *d = b'0' + (rest % 10) as u8;
-        rest /= 10;
+    if v >= 100_000_000 {
+        return push_long_u32(out, v);
     }
+    let digits = eight_digits(v);
+    // Leading zeros are the low bytes that hold '0' (a digit of 0); one digit stays for 0.
+    let zeros = ((digits - ZEROS).trailing_zeros() / 8).min(7);
     let start = out.len();
-    out.extend_from_slice(&digits);
-    out.truncate(start + len);
+    out.extend_from_slice(&(digits >> (8 * zeros)).to_le_bytes());
+    out.truncate(start + 8 - zeros as usize);
+}
+
+/// [`push_u32`] of nine or ten digits (pages past 10^8): the leading one or two, then eight.
+#[cold]
+fn push_long_u32(out: &mut Vec<u8>, v: u32) {
+    let top = v / 100_000_000;
+    if top >= 10 {
+        out.push(b'0' + (top / 10) as u8);
+    }
+    out.push(b'0' + (top % 10) as u8);
+    out.extend_from_slice(&eight_digits(v % 100_000_000).to_le_bytes());
+}
+
+/// Eight '0' bytes.
+const ZEROS: u64 = 0x3030_3030_3030_3030;
+
+/// The eight decimal digits of `v` (below 10^8, with leading zeros) as ASCII bytes of a `u64`,
+/// the first digit in the lowest byte (so `to_le_bytes` gives them in reading order).
+fn eight_digits(v: u32) -> u64 {
+    debug_assert!(v < 100_000_000);
+    // Two 4-digit halves in 32-bit lanes, the high half first (lowest).
+    let x = u64::from(v / 10_000) | (u64::from(v % 10_000) << 32);
+    // Each lane / 100 (n * 5243 >> 19 is n / 100 for n < 10^4): pairs in 16-bit lanes.
+    let hundreds = ((x * 5243) >> 19) & 0x0000_007f_0000_007f;
+    let x = hundreds | ((x - hundreds * 100) << 16);
+    // Each lane / 10 (n * 103 >> 10 is n / 10 for n < 100): digits in bytes.
+    let tens = ((x * 103) >> 10) & 0x000f_000f_000f_000f;
+    let x = tens | ((x - tens * 10) << 8);
+    x + ZEROS
 }
 
 #[derive(Serialize)]
@@ -620,6 +642,30 @@ mod tests {
             Route::Locations => same(body, fast::locations(body), full_locations(body)),
             _ => same(body, fast::keys(body), full_keys(body)),
         }
+    }
+
+    #[test]
+    fn numbers_are_written_as_json_writes_them() {
+        let mut values: Vec<u32> = vec![0, u32::MAX, u32::MAX - 1];
+        for p in 0..10 {
+            let t = 10u32.pow(p);
+            values.extend([t, t - 1, t + 1, t.saturating_mul(2) - 1, t / 2 * 3]);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push((x >> (x % 32)) as u32);
+        }
+        let mut out = b"[".to_vec();
+        let mut want = "[".to_string();
+        for v in values {
+            push_u32(&mut out, v);
+            out.push(b',');
+            want.push_str(&alloc::format!("{v},"));
+        }
+        assert_eq!(String::from_utf8(out).unwrap(), want);
     }
 
     const ROUTES: [Route; 4] = [Route::Allocate, Route::Confirm, Route::Exists, Route::Locations];
