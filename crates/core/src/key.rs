@@ -86,7 +86,7 @@ impl Key {
     /// keeps it: reading a returned array back from the stack, in the pieces the list's `Key`
     /// layout wants, stalled on the array's one 16-byte store (`perf annotate`: ~60 % of
     /// `key_into`'s samples on that reload).
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn pack_hex_into(b: &[u8; 32], out: &mut [u8; 16]) -> bool {
         // Branch-free arithmetic over all 32 bytes (the compiler vectorizes it), one check at
         // the end: a byte that is neither '0'..='9' nor 'a'..='f' sets `bad`.
