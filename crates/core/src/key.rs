@@ -120,6 +120,7 @@ pub(crate) struct HexText([u8; 32]);
 impl HexText {
     /// Four bytes at a time in a `u64` (no table lookups: on wasm each was a load, a bounds
     /// check and a store; snapshots write every stored key this way).
+    #[inline(always)]
     pub(crate) fn new(bytes: &[u8; 16]) -> HexText {
         const LOW: u64 = 0x000f_000f_000f_000f;
         const ONES: u64 = 0x0101_0101_0101_0101;
