@@ -9,8 +9,9 @@
 //! (`None`) at the first byte it is not sure about — an escape, a non-ASCII byte, a float, an
 //! unknown or repeated member, a key [`Key::parse`] refuses, a missing required member. The
 //! caller then decodes the body through [`super::json`], which accepts it or says why not. So
-//! the rules, and every error text, live in one place; the tests here check that whenever this
-//! path answers, the full decoder gives the same value.
+//! the rules, and every error text, live in one place; the tests in `vllm.rs` check that
+//! whenever this path answers, the full decoder gives the same value, and the tests here that
+//! the key-list loop ([`Scan::hex_items`]) reads what the general list reader reads.
 
 use std::vec::Vec;
 
@@ -371,27 +372,49 @@ mod tests {
         Pages,
     }
 
+    /// What [`read`] gives: the items (a plain key's page is 0), where the cursor ends, and
+    /// whether `hex_items` answered.
+    type Read = (Vec<(Key, u32)>, usize, bool);
+
     /// `list` read as `shape` the way the decoders read it (`hex_items`, else `list_into`):
-    /// its keys (and pages) and where the cursor ends, checked against `list_into` alone.
-    fn read(list: &str, shape: Shape) -> Option<(Vec<(Key, u32)>, usize)> {
+    /// its keys (and pages), where the cursor ends and whether `hex_items` answered, checked
+    /// against `list_into` alone.
+    fn read(list: &str, shape: Shape) -> Option<Read> {
         let body = alloc::format!("{list} }}");
         let mut s = Scan { b: body.as_bytes(), i: 0 };
         let mut general = Scan { b: body.as_bytes(), i: 0 };
         let keys = |v: Vec<Key>| v.into_iter().map(|k| (k, 0)).collect::<Vec<_>>();
-        let (got, want) = match shape {
-            Shape::Keys => (key_list(&mut s).map(keys), general.list_into(key_into).map(keys)),
-            Shape::Pairs => (
-                s.hex_items(Key::Hex([0; 16]), |k| k, Some(|s: &mut Scan<'_>, _: &mut Key| prefix_key(s)))
-                    .or_else(|| s.list_into(key_pair_into))
-                    .map(keys),
-                general.list_into(key_pair_into).map(keys),
-            ),
-            Shape::Pages => (confirmations_list(&mut s), general.list_into(key_page_into)),
+        let no_pair: Option<fn(&mut Scan<'_>, &mut Key) -> Option<()>> = None;
+        let page = |s: &mut Scan<'_>, p: &mut (Key, u32)| {
+            p.1 = s.u32()?;
+            Some(())
+        };
+        let fast = match shape {
+            Shape::Keys => s.hex_items(Key::Hex([0; 16]), |k| k, no_pair).map(keys),
+            Shape::Pairs => {
+                s.hex_items(Key::Hex([0; 16]), |k| k, Some(|s: &mut Scan<'_>, _: &mut Key| prefix_key(s))).map(keys)
+            }
+            Shape::Pages => s.hex_items((Key::Hex([0; 16]), 0), |p| &mut p.0, Some(page)),
+        };
+        let answered = fast.is_some();
+        if !answered {
+            // Given up having moved past whitespace only; the decoders read on from there.
+            assert_eq!(body[..s.i].trim(), "", "{list}");
+        }
+        let got = fast.or_else(|| match shape {
+            Shape::Keys => s.list_into(key_into).map(keys),
+            Shape::Pairs => s.list_into(key_pair_into).map(keys),
+            Shape::Pages => s.list_into(key_page_into),
+        });
+        let want = match shape {
+            Shape::Keys => general.list_into(key_into).map(keys),
+            Shape::Pairs => general.list_into(key_pair_into).map(keys),
+            Shape::Pages => general.list_into(key_page_into),
         };
         assert_eq!(got, want, "{list}");
         let items = got?;
         assert_eq!(s.i, general.i, "{list}");
-        Some((items, s.i))
+        Some((items, s.i, answered))
     }
 
     fn hex(n: u32) -> String {
@@ -412,12 +435,31 @@ mod tests {
             (alloc::format!("[[\"{a}\",7],[\"{b}\",4294967295]]"), Shape::Pages, [7, u32::MAX]),
             (alloc::format!("[[\"{a}\", 0], [\"{b}\", 12]]"), Shape::Pages, [0, 12]),
         ] {
-            let (got, after) = read(&list, shape).expect(&list);
+            let (got, after, answered) = read(&list, shape).expect(&list);
+            assert!(answered, "the key-list loop gave up on {list}");
             assert_eq!(got, [(key(1), want[0]), (key(0xabcdef), want[1])], "{list}");
             assert_eq!(after, list.len(), "{list}");
         }
         for shape in [Shape::Keys, Shape::Pairs, Shape::Pages] {
-            assert_eq!(read("[]", shape).unwrap().0, Vec::new());
+            assert_eq!(read("[]", shape), Some((Vec::new(), 2, true)));
+        }
+        // Long lists in both spellings, read to their end by the loop.
+        for sep in [",", ", "] {
+            let n: Vec<u32> = (0..300).map(|i| i * 7_919 + 1).collect();
+            let item = |i: u32, shape: Shape| match shape {
+                Shape::Keys => alloc::format!("\"{}\"", hex(i)),
+                Shape::Pairs => alloc::format!("[\"{}\"{sep}\"\"]", hex(i)),
+                Shape::Pages => alloc::format!("[\"{}\"{sep}{i}]", hex(i)),
+            };
+            for shape in [Shape::Keys, Shape::Pairs, Shape::Pages] {
+                let items: Vec<String> = n.iter().map(|&i| item(i, shape)).collect();
+                let list = alloc::format!("[{}]", items.join(sep));
+                let (got, after, answered) = read(&list, shape).expect(&list);
+                assert!(answered, "{shape:?} with {sep:?}");
+                let page = |i: u32| if matches!(shape, Shape::Pages) { i } else { 0 };
+                assert_eq!(got, n.iter().map(|&i| (key(i), page(i))).collect::<Vec<_>>());
+                assert_eq!(after, list.len());
+            }
         }
         // Other shapes are the general reader's, which takes some of them.
         let upper = hex(0xabcdef).to_uppercase();
@@ -438,24 +480,9 @@ mod tests {
             (alloc::format!("[\"{a}\""), Shape::Keys),
             (alloc::format!("\"{a}\""), Shape::Keys),
         ] {
-            let mut s = Scan { b: list.as_bytes(), i: 0 };
-            let no_pair: Option<fn(&mut Scan<'_>, &mut Key) -> Option<()>> = None;
-            let fast = match shape {
-                Shape::Keys => s.hex_items(Key::Hex([0; 16]), |k| k, no_pair).is_some(),
-                Shape::Pairs => {
-                    s.hex_items(Key::Hex([0; 16]), |k| k, Some(|s: &mut Scan<'_>, _: &mut Key| prefix_key(s))).is_some()
-                }
-                Shape::Pages => {
-                    let page = |s: &mut Scan<'_>, p: &mut (Key, u32)| {
-                        p.1 = s.u32()?;
-                        Some(())
-                    };
-                    s.hex_items((Key::Hex([0; 16]), 0), |p| &mut p.0, Some(page)).is_some()
-                }
-            };
-            assert!(!fast, "{shape:?} {list}");
-            assert_eq!(list[..s.i].trim(), "", "{list}");
-            taken += usize::from(read(&list, shape).is_some());
+            let read = read(&list, shape);
+            assert!(read.as_ref().is_none_or(|r| !r.2), "{shape:?} {list}: the loop answered");
+            taken += usize::from(read.is_some());
         }
         // Odd whitespace (4 lists), uppercase and text keys: the general reader's.
         assert_eq!(taken, 7);
