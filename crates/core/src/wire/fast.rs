@@ -120,21 +120,33 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A list of items that each hold a 32-hex key, written as the clients write it: plain keys
-    /// `["<32 hex>", ...]`, or with `pair` set `[["<32 hex>", rest], ...]`, `rest` read by `pair`
-    /// (batch_allocate's prefix key, confirm_write's page) from a scanner over the same body;
-    /// `,` or `, ` between items. One tight loop over a local copy of the cursor, each key
-    /// packed where the list keeps it (`blank` is a new item; `key` finds its key's bytes).
-    /// `None`, the cursor past whitespace only, at the first byte of any other shape:
-    /// [`Scan::list_into`] then reads the list from there. (Through `list_into` alone each key
-    /// went through two whitespace skips and separator checks that kept the cursor in memory:
-    /// ~75 instructions a key besides its packing.)
+    /// A list of items that each hold a key: plain keys `[key, ...]`, or with `rest` set
+    /// `[[key, rest], ...]`, `rest` read by `rest` (batch_allocate's prefix key, confirm_write's
+    /// page); `blank` is a new item, `key` finds its key. The list as the clients write it —
+    /// 32-hex keys, `,` or `, ` between items — is read by [`Scan::hex_items`]; any other
+    /// shape from where that gave up by [`Scan::list_into`], an item at a time ([`item_into`]).
     #[inline(always)]
-    fn hex_items<T: Clone>(
+    fn key_items<T: Clone>(
         &mut self,
         blank: T,
         key: impl Fn(&mut T) -> &mut Key,
-        mut pair: Option<impl FnMut(&mut Scan<'a>, &mut T) -> Option<()>>,
+        mut rest: Option<impl FnMut(&mut Scan<'a>, &mut T) -> Option<()>>,
+    ) -> Option<Vec<T>> {
+        self.hex_items(&blank, &key, &mut rest)
+            .or_else(|| self.list_into(|s, out| item_into(s, out, &blank, &key, &mut rest)))
+    }
+
+    /// [`Scan::key_items`]' loop for the lists the clients write: one tight loop over a local
+    /// copy of the cursor, each key packed where the list keeps it. `None`, the cursor past
+    /// whitespace only, at the first byte of any other shape. (Through `list_into` alone each
+    /// key went through two whitespace skips and separator checks that kept the cursor in
+    /// memory: ~75 instructions a key besides its packing.)
+    #[inline(always)]
+    fn hex_items<T: Clone>(
+        &mut self,
+        blank: &T,
+        key: &impl Fn(&mut T) -> &mut Key,
+        rest: &mut Option<impl FnMut(&mut Scan<'a>, &mut T) -> Option<()>>,
     ) -> Option<Vec<T>> {
         self.ws();
         let b = self.b;
@@ -150,21 +162,20 @@ impl<'a> Scan<'a> {
             return Some(out);
         }
         loop {
-            if pair.is_some() {
+            if rest.is_some() {
                 if b.get(i) != Some(&b'[') {
                     return None;
                 }
                 i += 1;
             }
-            let Some([b'"', hex @ .., b'"']) = b.get(i..i + 34) else { return None };
             out.push(blank.clone());
             let item = out.last_mut()?;
-            let (Ok(hex), Key::Hex(dest)) = (<&[u8; 32]>::try_from(hex), key(item)) else { return None };
-            if !Key::pack_hex_into(hex, dest) {
+            let Key::Hex(dest) = key(item) else { return None };
+            if !hex_key_at(b, i, dest) {
                 return None;
             }
             i += 34;
-            if let Some(rest) = &mut pair {
+            if let Some(rest) = rest {
                 let mut s = Scan { b, i };
                 s.eat(b',')?;
                 rest(&mut s, item)?;
@@ -223,16 +234,22 @@ fn body(b: &[u8], member: impl FnMut(&[u8], &mut Scan<'_>) -> Option<()>) -> Opt
     s.end()
 }
 
-/// A quoted key of 32 lowercase hex digits (the clients' keys), packed straight from the body
-/// into `dest`; `false`, having moved the cursor past whitespace only (and `dest` unspecified),
-/// for any other value.
+/// Whether `b[i..]` starts with a quoted key of 32 lowercase hex digits (the clients' keys),
+/// packed straight from the body into `dest` (unspecified when not).
+#[inline(always)]
+fn hex_key_at(b: &[u8], i: usize, dest: &mut [u8; 16]) -> bool {
+    match b.get(i..i + 34) {
+        Some([b'"', hex @ .., b'"']) => <&[u8; 32]>::try_from(hex).is_ok_and(|hex| Key::pack_hex_into(hex, dest)),
+        _ => false,
+    }
+}
+
+/// [`hex_key_at`] at the cursor past whitespace, moving past the key; `false`, having moved the
+/// cursor past whitespace only, for any other value.
 #[inline(always)]
 fn hex_key_into(s: &mut Scan<'_>, dest: &mut [u8; 16]) -> bool {
     s.ws();
-    if let Some([b'"', hex @ .., b'"']) = s.b.get(s.i..s.i + 34)
-        && let Ok(hex) = <&[u8; 32]>::try_from(hex)
-        && Key::pack_hex_into(hex, dest)
-    {
+    if hex_key_at(s.b, s.i, dest) {
         s.i += 34;
         return true;
     }
@@ -260,49 +277,69 @@ fn key_in_place(s: &mut Scan<'_>, key: &mut Key) -> Option<()> {
     Some(())
 }
 
-/// A key string, pushed onto `out`. (A failed element fails the whole fast decode, so what is
-/// left in `out` then does not matter.)
+/// One item of a key list read the general way, pushed onto `out` (a failed item fails the
+/// whole fast decode, so what is left in `out` then does not matter): its key, or with `rest`
+/// set `[key, rest]` (see [`Scan::key_items`]).
 #[inline(always)]
-fn key_into(s: &mut Scan<'_>, out: &mut Vec<Key>) -> Option<()> {
-    out.push(Key::Hex([0; 16]));
-    key_in_place(s, out.last_mut()?)
+fn item_into<'a, T: Clone>(
+    s: &mut Scan<'a>,
+    out: &mut Vec<T>,
+    blank: &T,
+    key: &impl Fn(&mut T) -> &mut Key,
+    rest: &mut Option<impl FnMut(&mut Scan<'a>, &mut T) -> Option<()>>,
+) -> Option<()> {
+    if rest.is_some() {
+        s.eat(b'[')?;
+    }
+    out.push(blank.clone());
+    let item = out.last_mut()?;
+    key_in_place(s, key(item))?;
+    if let Some(rest) = rest {
+        s.eat(b',')?;
+        rest(s, item)?;
+        s.eat(b']')?;
+    }
+    Some(())
 }
 
-/// `[key, prefix_key]` (batch_allocate's element), its key pushed onto `out`.
-fn key_pair_into(s: &mut Scan<'_>, out: &mut Vec<Key>) -> Option<()> {
-    s.eat(b'[')?;
-    key_into(s, out)?;
-    s.eat(b',')?;
-    prefix_key(s)?;
-    s.eat(b']')
-}
+/// No `rest`: a list of plain keys.
+const PLAIN: Option<fn(&mut Scan<'_>, &mut Key) -> Option<()>> = None;
 
-/// batch_allocate's prefix key: unused but bounded.
+/// batch_allocate's prefix key, the rest of its `[key, prefix_key]` items: unused but bounded.
 #[inline(always)]
-fn prefix_key(s: &mut Scan<'_>) -> Option<()> {
+fn prefix_key(s: &mut Scan<'_>, _: &mut Key) -> Option<()> {
     (s.string_bytes()?.len() <= MAX_KEY_LEN).then_some(())
 }
 
-/// `[key, page]` (confirm_write's element), pushed onto `out`.
-fn key_page_into(s: &mut Scan<'_>, out: &mut Vec<(Key, u32)>) -> Option<()> {
-    s.eat(b'[')?;
-    out.push((Key::Hex([0; 16]), 0));
-    let pair = out.last_mut()?;
-    key_in_place(s, &mut pair.0)?;
-    s.eat(b',')?;
+/// confirm_write's page, the rest of its `[key, page]` items.
+#[inline(always)]
+fn page(s: &mut Scan<'_>, pair: &mut (Key, u32)) -> Option<()> {
     pair.1 = s.u32()?;
-    s.eat(b']')
+    Some(())
 }
 
-/// `{"rank": N, "keys": [...]}` with `keys` optional (empty): batch_allocate with pairs,
-/// get_locations with plain keys.
-fn rank_keys(b: &[u8], pairs: bool) -> Option<(u32, Vec<Key>)> {
-    let elem = if pairs { key_pair_into } else { key_into };
-    let prefix = pairs.then_some(|s: &mut Scan<'_>, _: &mut Key| prefix_key(s));
+/// A plain key list.
+fn key_list(s: &mut Scan<'_>) -> Option<Vec<Key>> {
+    s.key_items(Key::Hex([0; 16]), |k| k, PLAIN)
+}
+
+/// batch_allocate's `[[key, prefix_key], ...]`, its keys.
+fn key_pairs(s: &mut Scan<'_>) -> Option<Vec<Key>> {
+    s.key_items(Key::Hex([0; 16]), |k| k, Some(prefix_key))
+}
+
+/// confirm_write's `[[key, page], ...]`.
+fn confirmations_list(s: &mut Scan<'_>) -> Option<Vec<(Key, u32)>> {
+    s.key_items((Key::Hex([0; 16]), 0), |pair| &mut pair.0, Some(page))
+}
+
+/// `{"rank": N, "keys": [...]}` with `keys` optional (empty), read by `list`: batch_allocate
+/// with pairs, get_locations with plain keys.
+fn rank_keys(b: &[u8], list: fn(&mut Scan<'_>) -> Option<Vec<Key>>) -> Option<(u32, Vec<Key>)> {
     let (mut rank, mut keys) = (None, None);
     body(b, |name, s| match name {
         b"rank" => once(&mut rank, s.u32()),
-        b"keys" => once(&mut keys, s.hex_items(Key::Hex([0; 16]), |k| k, prefix).or_else(|| s.list_into(elem))),
+        b"keys" => once(&mut keys, list(s)),
         _ => None,
     })?;
     Some((rank?, keys.unwrap_or_default()))
@@ -310,18 +347,12 @@ fn rank_keys(b: &[u8], pairs: bool) -> Option<(u32, Vec<Key>)> {
 
 /// batch_allocate: `{"rank": N, "keys": [[key, prefix], ...]}`.
 pub(super) fn allocate(b: &[u8]) -> Option<(u32, Vec<Key>)> {
-    rank_keys(b, true)
+    rank_keys(b, key_pairs)
 }
 
 /// get_locations: `{"rank": N, "keys": [key, ...]}`.
 pub(super) fn locations(b: &[u8]) -> Option<(u32, Vec<Key>)> {
-    rank_keys(b, false)
-}
-
-/// A plain key list (no pairs) through [`Scan::hex_items`], else through [`Scan::list_into`].
-fn key_list(s: &mut Scan<'_>) -> Option<Vec<Key>> {
-    let no_pair: Option<fn(&mut Scan<'_>, &mut Key) -> Option<()>> = None;
-    s.hex_items(Key::Hex([0; 16]), |k| k, no_pair).or_else(|| s.list_into(key_into))
+    rank_keys(b, key_list)
 }
 
 /// batch_exists and delete: `{"keys": [key, ...]}` (`keys` optional: empty).
@@ -336,16 +367,6 @@ pub(super) fn keys(b: &[u8]) -> Option<Vec<Key>> {
 
 /// What confirm_write asks: rank, confirmations, pages to release.
 pub(super) type Confirm = (u32, Vec<(Key, u32)>, Vec<u32>);
-
-/// confirm_write's `[[key, page], ...]` through [`Scan::hex_items`], else through
-/// [`Scan::list_into`].
-fn confirmations_list(s: &mut Scan<'_>) -> Option<Vec<(Key, u32)>> {
-    let page = |s: &mut Scan<'_>, pair: &mut (Key, u32)| {
-        pair.1 = s.u32()?;
-        Some(())
-    };
-    s.hex_items((Key::Hex([0; 16]), 0), |pair| &mut pair.0, Some(page)).or_else(|| s.list_into(key_page_into))
-}
 
 /// confirm_write: `{"rank": N, "confirmations": [[key, page], ...], "pages_to_release": [page, ...]}`.
 pub(super) fn confirm(b: &[u8]) -> Option<Confirm> {
@@ -376,45 +397,64 @@ mod tests {
     /// whether `hex_items` answered.
     type Read = (Vec<(Key, u32)>, usize, bool);
 
+    /// One list read both ways (see [`ways`]).
+    struct Ways<T> {
+        /// Whether `hex_items` answered, and where it left the cursor.
+        answered: bool,
+        stopped: usize,
+        /// What `key_items` read (`hex_items`, else `list_into` from where it gave up), and
+        /// where it ended.
+        got: Option<Vec<T>>,
+        at: usize,
+        /// What `list_into` alone read from the start, and where it ended.
+        want: Option<Vec<T>>,
+        general_at: usize,
+    }
+
+    impl<T> Ways<T> {
+        fn map<U>(self, f: impl Fn(T) -> U) -> Ways<U> {
+            let all = |v: Option<Vec<T>>| v.map(|v| v.into_iter().map(&f).collect());
+            let Ways { answered, stopped, got, at, want, general_at } = self;
+            Ways { answered, stopped, got: all(got), at, want: all(want), general_at }
+        }
+    }
+
+    /// `b` read as `key_items` reads it, and by `list_into` alone, for one shape of item.
+    fn ways<'a, T: Clone>(
+        b: &'a [u8],
+        blank: T,
+        key: impl Fn(&mut T) -> &mut Key,
+        mut rest: Option<impl FnMut(&mut Scan<'a>, &mut T) -> Option<()>>,
+    ) -> Ways<T> {
+        let mut s = Scan { b, i: 0 };
+        let fast = s.hex_items(&blank, &key, &mut rest);
+        let (answered, stopped) = (fast.is_some(), s.i);
+        let got = fast.or_else(|| s.list_into(|s, out| item_into(s, out, &blank, &key, &mut rest)));
+        let mut general = Scan { b, i: 0 };
+        let want = general.list_into(|s, out| item_into(s, out, &blank, &key, &mut rest));
+        Ways { answered, stopped, got, at: s.i, want, general_at: general.i }
+    }
+
     /// `list` read as `shape` the way the decoders read it (`hex_items`, else `list_into`):
     /// its keys (and pages), where the cursor ends and whether `hex_items` answered, checked
     /// against `list_into` alone.
     fn read(list: &str, shape: Shape) -> Option<Read> {
         let body = alloc::format!("{list} }}");
-        let mut s = Scan { b: body.as_bytes(), i: 0 };
-        let mut general = Scan { b: body.as_bytes(), i: 0 };
-        let keys = |v: Vec<Key>| v.into_iter().map(|k| (k, 0)).collect::<Vec<_>>();
-        let no_pair: Option<fn(&mut Scan<'_>, &mut Key) -> Option<()>> = None;
-        let page = |s: &mut Scan<'_>, p: &mut (Key, u32)| {
-            p.1 = s.u32()?;
-            Some(())
+        let b = body.as_bytes();
+        let plain = |k: Key| (k, 0);
+        let w = match shape {
+            Shape::Keys => ways(b, Key::Hex([0; 16]), |k| k, PLAIN).map(plain),
+            Shape::Pairs => ways(b, Key::Hex([0; 16]), |k| k, Some(prefix_key)).map(plain),
+            Shape::Pages => ways(b, (Key::Hex([0; 16]), 0), |p| &mut p.0, Some(page)),
         };
-        let fast = match shape {
-            Shape::Keys => s.hex_items(Key::Hex([0; 16]), |k| k, no_pair).map(keys),
-            Shape::Pairs => {
-                s.hex_items(Key::Hex([0; 16]), |k| k, Some(|s: &mut Scan<'_>, _: &mut Key| prefix_key(s))).map(keys)
-            }
-            Shape::Pages => s.hex_items((Key::Hex([0; 16]), 0), |p| &mut p.0, Some(page)),
-        };
-        let answered = fast.is_some();
-        if !answered {
+        if !w.answered {
             // Given up having moved past whitespace only; the decoders read on from there.
-            assert_eq!(body[..s.i].trim(), "", "{list}");
+            assert_eq!(body[..w.stopped].trim(), "", "{list}");
         }
-        let got = fast.or_else(|| match shape {
-            Shape::Keys => s.list_into(key_into).map(keys),
-            Shape::Pairs => s.list_into(key_pair_into).map(keys),
-            Shape::Pages => s.list_into(key_page_into),
-        });
-        let want = match shape {
-            Shape::Keys => general.list_into(key_into).map(keys),
-            Shape::Pairs => general.list_into(key_pair_into).map(keys),
-            Shape::Pages => general.list_into(key_page_into),
-        };
-        assert_eq!(got, want, "{list}");
-        let items = got?;
-        assert_eq!(s.i, general.i, "{list}");
-        Some((items, s.i, answered))
+        assert_eq!(w.got, w.want, "{list}");
+        let items = w.got?;
+        assert_eq!(w.at, w.general_at, "{list}");
+        Some((items, w.at, w.answered))
     }
 
     fn hex(n: u32) -> String {
