@@ -754,3 +754,52 @@ def test_differential_random_valid_input(peer, kv_url, seed, say):
                  "allocate: batch of hits and new pages", "confirmed: cache hit (no-op)"):
         assert st[what] > 0, (what, summary)
     assert elapsed < 55, f"seed {seed} took {elapsed:.1f} s: reservations could expire (TTL 60 s)"
+
+
+# --------------------------------------------------------------------------------------------
+# Idle connections closed by the server
+# --------------------------------------------------------------------------------------------
+
+
+def _metric(url: str, name: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    line = next(l for l in text.splitlines() if l.startswith(name + " "))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def _recording_posts(client) -> list:
+    """Wraps the client's session so every response's urllib3 retry history is kept."""
+    histories = []
+    post = client._session.post
+
+    def recorded(*args, **kwargs):
+        r = post(*args, **kwargs)
+        histories.append(r.raw.retries.history if r.raw.retries is not None else ())
+        return r
+
+    client._session.post = recorded
+    return histories
+
+
+def test_vllm_client_reconnects_without_an_error_after_an_idle_close(peer, kvpages_server):
+    """A short `--idle-timeout` closes vLLM's pooled connection between saves; vLLM's own client
+    (requests + urllib3's pool) notices before reusing it, so every call succeeds at the first
+    try: no error, no retry."""
+    url = kvpages_server("--idle-timeout", "0.5")
+    c = peer.require().module.Hf3fsGlobalMetadataClient(url)
+    histories = _recording_posts(c)
+    try:
+        for rank in range(TP):
+            c.initialize(rank, 64)
+        for round_ in range(3):
+            hashes = md5_chain(4, f"idle {round_}")
+            for rank in range(TP):
+                results = c.allocate_pages_for_keys(rank, [(h, "") for h in hashes])
+                assert [h for h, _ in results] == hashes and all(p >= 0 for _, p in results), results
+                c.confirm_write_for_keys(rank, results, [])
+            assert c.batch_key_exists(hashes) == [True] * 4
+            time.sleep(1.2)  # past the idle timeout: the server closes the pooled connection
+    finally:
+        c._session.close()
+    assert len(histories) == 2 + 3 * 5 and all(h == () for h in histories), histories
+    assert _metric(url, 'kvpages_connections_closed_total{reason="idle"}') >= 3

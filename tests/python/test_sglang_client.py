@@ -606,3 +606,35 @@ def test_well_formed_requests_that_do_not_match_the_state(sgl, client, kv):
     assert space_stats(kv, 0, "kv") == {"num_pages": 16, "free": 16, "reserved": 0,
                                         "committed": 0, "keys": 0}
     assert hc.batch_exists(keys) == 0
+
+
+def test_the_client_reconnects_without_an_error_after_an_idle_close(sgl, kvpages_server):
+    """A short `--idle-timeout` closes SGLang's pooled connection between calls; its own client
+    (requests + urllib3's pool) notices before reusing it: every call succeeds at the first try."""
+    url = kvpages_server("--idle-timeout", "0.5")
+    c = sgl.Hf3fsGlobalMetadataClient(url)
+    histories = []
+    post = c._session.post
+
+    def recorded(*args, **kwargs):
+        r = post(*args, **kwargs)
+        histories.append(r.raw.retries.history if r.raw.retries is not None else ())
+        return r
+
+    c._session.post = recorded
+    keys = chain(6, "idle")
+    try:
+        c.initialize(0, 64)
+        for i in range(3):
+            pair = keys[2 * i : 2 * i + 2]
+            got = c.reserve_and_allocate_page_indices(0, [(k, "") for k in pair])
+            assert [written for written, _ in got] == [False, False], got
+            c.confirm_write(0, [(k, page) for k, (_, page) in zip(pair, got)], [])
+            assert c.exists(0, pair) == [True, True]
+            time.sleep(1.2)  # past the idle timeout: the server closes the pooled connection
+    finally:
+        c._session.close()
+    assert len(histories) == 1 + 3 * 3 and all(h == () for h in histories), histories
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    line = next(l for l in text.splitlines() if l.startswith('kvpages_connections_closed_total{reason="idle"}'))
+    assert float(line.rsplit(" ", 1)[1]) >= 3

@@ -150,7 +150,7 @@ impl Access {
         if let Some(token) = &self.admin_token
             && is_guarded(path)
         {
-            let given = authorization.and_then(|v| v.strip_prefix(b"Bearer ")).map(<[u8]>::trim_ascii);
+            let given = authorization.and_then(bearer_token);
             match given {
                 None => {
                     return Err(ApiError::because(
@@ -176,6 +176,16 @@ pub fn is_guarded(path: &str) -> bool {
     // SGLang's `/{rank}/clear` and `/{rank}/delete_keys`: two segments.
     let mut segs = path.strip_prefix('/').unwrap_or(path).split('/');
     matches!((segs.next(), segs.next(), segs.next()), (Some(_), Some("clear" | "delete_keys"), None))
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header: the scheme's name is matched without
+/// regard to case (RFC 7235, section 2.1), the spaces around the token are not part of it.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"Bearer") || !token.first().is_some_and(|&b| b == b' ') {
+        return None;
+    }
+    Some(token.trim_ascii())
 }
 
 /// Compares without an early exit, so the answer's timing does not reveal how much of a guess
@@ -298,6 +308,14 @@ mod tests {
         );
         assert_eq!(a.check(Some(inside), "/clear", Some(b"s3cret")).unwrap_err().code, ErrorCode::AdminTokenRequired);
         assert!(a.check(Some(inside), "/clear", Some(b"Bearer s3cret")).is_ok());
+        // The scheme is case-insensitive; the token is not, and the scheme needs its space.
+        for ok in [&b"bearer s3cret"[..], b"BEARER s3cret", b"BeArEr   s3cret "] {
+            assert!(a.check(Some(inside), "/clear", Some(ok)).is_ok(), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [&b"Bearer S3CRET"[..], b"Bearers3cret", b"Basic s3cret", b"Bearer", b"bear s3cret"] {
+            let e = a.check(Some(inside), "/clear", Some(bad)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::AdminTokenRequired, "{}", String::from_utf8_lossy(bad));
+        }
         assert!(format!("{a:?}").contains("<set>") && !format!("{a:?}").contains("s3cret"));
     }
 }

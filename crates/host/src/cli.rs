@@ -194,6 +194,19 @@ pub struct ServeArgs {
     /// is visible to every user in `ps`.
     #[arg(long, env = "KVPAGES_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Seconds a request's head (its request line and headers) may take to arrive, from its first
+    /// byte; a client that sends it slower is disconnected (slowloris).
+    #[arg(long, env = "KVPAGES_HEADER_TIMEOUT", default_value = "10", value_parser = parse_seconds)]
+    pub header_timeout: Duration,
+    /// Seconds a connection may stay open without a request; then the server closes it. The
+    /// clients' pools notice and reconnect without an error.
+    #[arg(long, env = "KVPAGES_IDLE_TIMEOUT", default_value = "75", value_parser = parse_seconds)]
+    pub idle_timeout: Duration,
+    /// Most client connections open at once. At the cap a new connection closes the oldest idle
+    /// one, or is refused at once if every one is busy. Default: the descriptor limit
+    /// (`ulimit -n`) less an eighth of it (at least 64), kept for the server's own files.
+    #[arg(long, env = "KVPAGES_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
     /// Worker threads serving HTTP. Default: half the CPUs, at least 1 — the clients on this
     /// host get the other half, and the engine runs one command at a time whatever the count.
     #[arg(long, env = "KVPAGES_THREADS", value_parser = parse_threads)]
@@ -244,6 +257,28 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
 }
 
 impl ServeArgs {
+    /// The connection limits these flags describe; a cap at or above the descriptor limit is
+    /// kept (the operator's choice) with a warning, since accepting can then run out.
+    fn connections(&self) -> crate::connections::Limits {
+        let max_connections = match self.max_connections {
+            Some(n) => {
+                if let Some(limit) = crate::connections::descriptor_limit().filter(|&l| n >= l) {
+                    tracing::warn!(
+                        "--max-connections {n} is at or above the descriptor limit ({limit}, ulimit -n): the \
+                         server may run out of descriptors before the cap; it then closes idle connections"
+                    );
+                }
+                n.min(usize::MAX as u64) as usize
+            }
+            None => crate::connections::default_max_connections(),
+        };
+        crate::connections::Limits {
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections,
+        }
+    }
+
     /// The server configuration these flags describe, or why they do not fit together.
     pub fn config(&self) -> Result<ServeConfig, String> {
         if self.evict_low > self.evict_high {
@@ -293,6 +328,7 @@ impl ServeArgs {
                     t => t.map(Into::into),
                 },
             },
+            connections: self.connections(),
             bench_floor: false,
         })
     }
@@ -358,9 +394,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             reservation_ttl_ms = config.settings.reservation_ttl,
             "starting"
         );
+        let limits = config.connections;
         let (router, handle) = server::build(config, engine)?;
         // Serve at once (503 `recovering` until the state is back), recover meanwhile.
-        let serving = tokio::spawn(server::run(listener, router, server::shutdown_signal()));
+        let serving = tokio::spawn(server::run_with(listener, router, limits, server::shutdown_signal()));
         let started = match &args.import_sglang {
             Some(path) => match handle.start(seed).await {
                 Ok(()) => handle.import_sglang(path).await,

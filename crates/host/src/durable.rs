@@ -164,7 +164,7 @@ fn upgrade_from_1(dir: &Path, staging: &Path) -> Result<(), String> {
     let snapshots = numbered(dir, "snapshot-", ".bin").map_err(|e| at(dir, e))?;
     for name in names(dir).map_err(|e| at(dir, e))? {
         let path = dir.join(&name);
-        if name == "FORMAT" || name == STAGING || path.is_dir() {
+        if name == "FORMAT" || name == STAGING || name == LOCK_FILE || path.is_dir() {
             continue;
         }
         if let Some(&(seq, _)) = snapshots.iter().find(|(_, p)| *p == path) {
@@ -246,7 +246,7 @@ pub fn open_dir_with(
                     continue;
                 }
                 // A `FORMAT.tmp` alone is a first start that crashed before its FORMAT was in place.
-                let stray = names(dir).map_err(|e| at(dir, e))?.iter().any(|n| n != "FORMAT.tmp");
+                let stray = names(dir).map_err(|e| at(dir, e))?.iter().any(|n| n != "FORMAT.tmp" && n != LOCK_FILE);
                 if stray {
                     return Err(format!(
                         "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
@@ -301,6 +301,61 @@ pub fn open_dir_with(
             dir.join(format!("format-{version}")).display()
         );
     }
+}
+
+/// The lock file of a data directory: one process at a time holds an `flock` on it.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// A data directory's lock, held while this lives. It is an `flock`, so it dies with its
+/// process: a server killed with `kill -9` leaves a file that blocks nobody.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+/// Takes `dir`'s lock (creating the directory if needed), or says which process holds it.
+pub fn lock_dir(dir: &Path) -> Result<DirLock, String> {
+    use std::os::unix::fs::FileExt;
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create --data-dir {}: {e}", dir.display()))?;
+    let path = dir.join(LOCK_FILE);
+    let at = |e: io::Error| format!("{}: {e}", path.display());
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(at)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            let who = if holder.is_empty() { "another process".to_owned() } else { format!("pid {holder}") };
+            return Err(format!(
+                "data dir {} is in use by {who}: one kvpages server per data directory. Stop that one, or \
+                 point --data-dir elsewhere",
+                dir.display()
+            ));
+        }
+        Err(e) => return Err(at(e.into())),
+    }
+    file.set_len(0).and_then(|()| file.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)).map_err(at)?;
+    Ok(DirLock { _file: file })
+}
+
+/// Removes what an interrupted write left behind: temporary snapshot files (a crash, or a
+/// full disk, mid-snapshot), which would otherwise take space for good.
+pub fn remove_temp_files(dir: &Path) -> Result<(), String> {
+    let at = |e: io::Error| format!("{}: {e}", dir.display());
+    let mut removed = 0;
+    for name in names(dir).map_err(at)? {
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("snapshot-") && name.ends_with(TEMP_SUFFIX) {
+            let path = dir.join(name);
+            fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            tracing::warn!("recovery: removed {}, a snapshot that was never finished", path.display());
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        sync_dir(dir).map_err(at)?;
+    }
+    Ok(())
 }
 
 /// Progress of long work (recovery, imports) for the operator: a line every [`Progress::EVERY`]
@@ -445,6 +500,7 @@ fn upgrade_step(dir: &Path, step: &Upgrade, fault: &mut dyn FnMut(&str) -> io::R
     for name in names(dir).map_err(|e| at(dir, e))? {
         let keep = name == STAGING
             || name == "FORMAT"
+            || name == LOCK_FILE
             || name.to_str().is_some_and(|n| n.starts_with("format-") && dir.join(n).is_dir());
         if !keep {
             fault("move old file").map_err(|e| at(dir, e))?;
@@ -613,9 +669,10 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Writes a snapshot file atomically: a temporary file, fsync, rename, fsync of the directory.
+/// A failure removes the temporary file, so a failed snapshot takes no space.
 fn write_snapshot_file(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("snapshot-{seq:020}.tmp"));
-    {
+    let tmp = dir.join(format!("snapshot-{seq:020}{TEMP_SUFFIX}"));
+    let written = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(SNAPSHOT_MAGIC)?;
         f.write_all(&seq.to_le_bytes())?;
@@ -623,15 +680,70 @@ fn write_snapshot_file(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()
         f.write_all(&crc32fast::hash(core_bytes).to_le_bytes())?;
         f.write_all(core_bytes)?;
         f.sync_all()?;
+        fs::rename(&tmp, dir.join(snapshot_name(seq)))
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, dir.join(snapshot_name(seq)))?;
     sync_dir(dir)
 }
 
-/// Writes a snapshot atomically (see [`write_snapshot_file`]), then removes older snapshots
-/// and the log segments it makes unnecessary.
-pub fn write_snapshot(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()> {
-    write_snapshot_file(dir, seq, core_bytes)?;
+/// The ending of temporary files (snapshots being written, `FORMAT` being replaced).
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Free space a snapshot leaves to the log: a snapshot is skipped unless the disk holds it and
+/// this much more, so a snapshot never takes the space the log needs next.
+pub const SNAPSHOT_HEADROOM: u64 = 256 << 10;
+
+/// Why a snapshot was not written.
+#[derive(Debug)]
+pub enum SnapshotError {
+    /// The disk has `available` bytes, fewer than the snapshot's `needed` (its size plus
+    /// [`SNAPSHOT_HEADROOM`]): skipped, nothing written.
+    NoRoom {
+        /// Bytes the snapshot would take plus the headroom.
+        needed: u64,
+        /// Bytes free for kvpages on the data directory's file system.
+        available: u64,
+    },
+    /// Writing it failed; its temporary file is removed and the log is untouched.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotError::NoRoom { needed, available } => write!(
+                f,
+                "the disk has {available} bytes free, the snapshot needs {needed} (its size and {SNAPSHOT_HEADROOM} \
+                 bytes left for the log)"
+            ),
+            SnapshotError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Bytes free for an unprivileged writer on the file system holding `dir`.
+pub fn available_bytes(dir: &Path) -> io::Result<u64> {
+    let st = rustix::fs::statvfs(dir)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Writes a snapshot atomically (see [`write_snapshot_file`]) if the disk has room for it,
+/// then removes older snapshots and the log segments it makes unnecessary.
+pub fn write_snapshot(dir: &Path, seq: u64, core_bytes: &[u8]) -> Result<(), SnapshotError> {
+    let needed = core_bytes.len() as u64 + 32 + SNAPSHOT_HEADROOM;
+    let available = available_bytes(dir).map_err(SnapshotError::Io)?;
+    if available < needed {
+        return Err(SnapshotError::NoRoom { needed, available });
+    }
+    write_snapshot_file(dir, seq, core_bytes).map_err(SnapshotError::Io)?;
+    drop_covered(dir, seq).map_err(SnapshotError::Io)
+}
+
+/// Removes the snapshots older than `seq` and the log segments whose records are all in it.
+fn drop_covered(dir: &Path, seq: u64) -> io::Result<()> {
     for (s, path) in numbered(dir, "snapshot-", ".bin")? {
         if s < seq {
             fs::remove_file(path)?;
@@ -650,24 +762,53 @@ pub fn write_snapshot(dir: &Path, seq: u64, core_bytes: &[u8]) -> io::Result<()>
     sync_dir(dir)
 }
 
-/// Records waiting for the flusher, and what it has made durable.
+/// Records waiting for the flusher.
 struct Pending {
     buf: Vec<u8>,
     last_seq: u64,
     closing: bool,
-    failed: Option<String>,
+}
+
+/// What the flusher publishes: how far the log is durable, and the storage fault it is in.
+#[derive(Clone, Debug, Default)]
+struct Mark {
+    durable: u64,
+    /// `path: OS error` while the log cannot be written; `None` when it can.
+    fault: Option<Arc<str>>,
 }
 
 struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
-    durable: tokio::sync::watch::Sender<u64>,
+    mark: tokio::sync::watch::Sender<Mark>,
+}
+
+/// Why a record is not durable (see [`Log::wait`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotDurable {
+    /// The data directory cannot be written now: the path and the OS error. The record is kept
+    /// and written as soon as the disk takes it again.
+    Fault(String),
+    /// The record did not reach the disk by the deadline.
+    Late,
+    /// The log was closed.
+    Stopped,
+}
+
+impl std::fmt::Display for NotDurable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotDurable::Fault(why) => f.write_str(why),
+            NotDurable::Late => f.write_str("the log did not reach the disk in time"),
+            NotDurable::Stopped => f.write_str("the log stopped"),
+        }
+    }
 }
 
 /// The write-ahead log: `append` under the engine lock, `wait` outside it.
 pub struct Log {
     shared: Arc<Shared>,
-    durable: tokio::sync::watch::Receiver<u64>,
+    mark: tokio::sync::watch::Receiver<Mark>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     dir: PathBuf,
 }
@@ -681,11 +822,11 @@ impl std::fmt::Debug for Log {
 impl Log {
     /// Starts a log whose next record is `last_seq + 1`, in a new segment.
     pub fn start(dir: &Path, mode: FsyncMode, last_seq: u64) -> Result<Log, String> {
-        let (tx, rx) = tokio::sync::watch::channel(last_seq);
+        let (tx, rx) = tokio::sync::watch::channel(Mark { durable: last_seq, fault: None });
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, closing: false, failed: None }),
+            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, closing: false }),
             wake: Condvar::new(),
-            durable: tx,
+            mark: tx,
         });
         let existing: u64 = numbered(dir, "wal-", ".log")
             .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -694,13 +835,15 @@ impl Log {
             .sum();
         LOG_BYTES.store(0, Ordering::Relaxed);
         add_log_bytes(existing as i64);
-        let segment = open_segment(dir, last_seq + 1).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let (s, d) = (shared.clone(), dir.to_path_buf());
+        crate::metrics::set_storage_up(true);
+        let (files, len) = Files::open(dir, last_seq + 1).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let writer = Writer::new(files, mode, SEGMENT_BYTES, len, last_seq);
+        let s = shared.clone();
         let flusher = std::thread::Builder::new()
             .name("kvpages-log".into())
-            .spawn(move || flush_loop(&s, &d, mode, segment, last_seq))
+            .spawn(move || flush_loop(&s, writer))
             .map_err(|e| e.to_string())?;
-        Ok(Log { shared, durable: rx, flusher: Mutex::new(Some(flusher)), dir: dir.to_path_buf() })
+        Ok(Log { shared, mark: rx, flusher: Mutex::new(Some(flusher)), dir: dir.to_path_buf() })
     }
 
     /// Appends one record; returns its seq. Call with the engine lock held, so the log order is
@@ -708,10 +851,7 @@ impl Log {
     pub fn append(&self, now: Millis, command: &Command) -> u64 {
         let mut p = self.shared.pending.lock().expect("log lock");
         let seq = p.last_seq + 1;
-        let payload = postcard::to_allocvec(&RecordRef { seq, now, command }).expect("commands encode");
-        p.buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        p.buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        p.buf.extend_from_slice(&payload);
+        encode_record(&mut p.buf, seq, now, command);
         p.last_seq = seq;
         drop(p);
         self.shared.wake.notify_one();
@@ -723,17 +863,21 @@ impl Log {
         self.shared.pending.lock().expect("log lock").last_seq
     }
 
-    /// Waits until record `seq` is durable, or `deadline` passes, or the log failed.
-    pub async fn wait(&self, seq: u64, deadline: Instant) -> Result<(), String> {
-        let mut rx = self.durable.clone();
-        let wait = rx.wait_for(|&d| d >= seq);
+    /// The storage fault the log is in (`path: OS error`), or `None` while it writes.
+    pub fn fault(&self) -> Option<String> {
+        self.mark.borrow().fault.as_deref().map(str::to_owned)
+    }
+
+    /// Waits until record `seq` is durable, or `deadline` passes. While the log cannot write,
+    /// a record not yet durable gives up at once with the fault.
+    pub async fn wait(&self, seq: u64, deadline: Instant) -> Result<(), NotDurable> {
+        let mut rx = self.mark.clone();
+        let wait = rx.wait_for(|m| m.durable >= seq || m.fault.is_some());
         match tokio::time::timeout_at(deadline.into(), wait).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err("the log stopped".into()),
-            Err(_) => match self.shared.pending.lock().expect("log lock").failed.clone() {
-                Some(why) => Err(why),
-                None => Err("the log did not reach the disk in time".into()),
-            },
+            Ok(Ok(m)) if m.durable >= seq => Ok(()),
+            Ok(Ok(m)) => Err(NotDurable::Fault(m.fault.as_deref().unwrap_or_default().to_owned())),
+            Ok(Err(_)) => Err(NotDurable::Stopped),
+            Err(_) => Err(NotDurable::Late),
         }
     }
 
@@ -752,6 +896,14 @@ impl Log {
     }
 }
 
+/// Appends record `seq` to `buf` as a segment holds it: `[len][crc32][postcard (seq, now, command)]`.
+fn encode_record(buf: &mut Vec<u8>, seq: u64, now: Millis, command: &Command) {
+    let payload = postcard::to_allocvec(&RecordRef { seq, now, command }).expect("commands encode");
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    buf.extend_from_slice(&payload);
+}
+
 #[derive(serde::Serialize)]
 struct RecordRef<'a> {
     seq: u64,
@@ -759,17 +911,192 @@ struct RecordRef<'a> {
     command: &'a Command,
 }
 
-fn open_segment(dir: &Path, first: u64) -> io::Result<(File, u64)> {
-    let f = OpenOptions::new().create(true).append(true).open(dir.join(segment_name(first)))?;
-    sync_dir(dir)?;
-    let len = f.metadata()?.len();
-    Ok((f, len))
+/// The open log segment as the flusher writes it: at offsets, so a fault can be rewound and
+/// written again. A trait so the tests can fail any write or fsync (`tests::faults`).
+trait SegmentIo: Send {
+    /// Writes all of `bytes` at `offset`.
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()>;
+    /// `fdatasync`.
+    fn sync(&mut self) -> io::Result<()>;
+    /// Truncates (or extends) the segment to `len` bytes.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Leaves the segment (synced already) for a new, empty one whose first record is `first`.
+    fn rotate(&mut self, first: u64) -> io::Result<()>;
+    /// The segment's path, for errors.
+    fn name(&self) -> String;
 }
 
-fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64), mut durable: u64) {
-    let (mut file, mut size) = segment;
+/// A segment file in the data directory.
+struct Files {
+    dir: PathBuf,
+    path: PathBuf,
+    file: File,
+}
+
+impl Files {
+    /// Opens (creating) the segment whose first record is `first`; returns it and its length.
+    fn open(dir: &Path, first: u64) -> io::Result<(Files, u64)> {
+        let path = dir.join(segment_name(first));
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+        sync_dir(dir)?;
+        let len = file.metadata()?.len();
+        Ok((Files { dir: dir.to_path_buf(), path, file }, len))
+    }
+}
+
+impl SegmentIo for Files {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(bytes, offset)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        let t = Instant::now();
+        self.file.sync_data()?;
+        crate::metrics::observe_fsync(t.elapsed());
+        Ok(())
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn rotate(&mut self, first: u64) -> io::Result<()> {
+        *self = Files::open(&self.dir, first)?.0;
+        Ok(())
+    }
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// What the flusher knows about the open segment. The invariant that makes a fault harmless:
+/// bytes past `synced` are only ever a prefix of `tail`, so a failed write or fsync is undone
+/// by cutting the segment back and writing `tail` again, and nothing after a record is
+/// durable before it.
+struct Writer<S> {
+    io: S,
+    mode: FsyncMode,
+    /// A segment is left for a new one once this many bytes are synced in it.
+    segment_bytes: u64,
+    /// Bytes of the segment known to be on disk (fsynced): a fault never cuts below this.
+    synced: u64,
+    /// Seq of the last record in `synced`.
+    synced_last: u64,
+    /// The records after `synced`, kept until they are synced: written again after a fault.
+    tail: Vec<u8>,
+    /// Seq of the last record in `tail`.
+    tail_last: u64,
+    /// Bytes of `tail` written since the last fault (0 after a failed fsync: the kernel may
+    /// have dropped those pages, so they are written again).
+    written: usize,
+    /// Bytes of `tail` the segment has held whole: a failed write is cut back to here.
+    extent: usize,
+    /// A write failed part-way: cut the segment to `synced + extent` before writing again.
+    cut: bool,
+    /// Seq of the last record written whole at least once (`Interval` counts it durable).
+    written_last: u64,
+}
+
+impl<S: SegmentIo> Writer<S> {
+    fn new(io: S, mode: FsyncMode, segment_bytes: u64, len: u64, last_seq: u64) -> Writer<S> {
+        Writer {
+            io,
+            mode,
+            segment_bytes,
+            synced: len,
+            synced_last: last_seq,
+            tail: Vec::new(),
+            tail_last: last_seq,
+            written: 0,
+            extent: 0,
+            cut: false,
+            written_last: last_seq,
+        }
+    }
+
+    /// Takes records (whole ones, `last` the seq of the last of them).
+    fn push(&mut self, bytes: Vec<u8>, last: u64) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.tail.is_empty() {
+            self.tail = bytes;
+        } else {
+            self.tail.extend_from_slice(&bytes);
+        }
+        self.tail_last = last;
+    }
+
+    /// Whether records wait for an fsync.
+    fn unsynced(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
+    /// The last durable seq under the fsync mode.
+    fn durable(&self) -> u64 {
+        match self.mode {
+            FsyncMode::Always => self.synced_last,
+            FsyncMode::Interval(_) => self.written_last.max(self.synced_last),
+        }
+    }
+
+    /// Writes what is not written, fsyncs when `sync_due` (always under `Always`), and starts
+    /// a new segment when this one is full. A failure leaves the writer ready to try again.
+    fn flush(&mut self, sync_due: bool) -> io::Result<()> {
+        if self.cut {
+            self.io.set_len(self.synced + self.extent as u64)?;
+            self.cut = false;
+        }
+        if self.written < self.tail.len() {
+            let at = self.synced + self.written as u64;
+            if let Err(e) = self.io.write_at(at, &self.tail[self.written..]) {
+                self.cut = true;
+                self.written = self.written.min(self.extent);
+                return Err(e);
+            }
+            if self.tail.len() > self.extent {
+                add_log_bytes((self.tail.len() - self.extent) as i64);
+                self.extent = self.tail.len();
+            }
+            self.written = self.tail.len();
+            self.written_last = self.tail_last;
+        }
+        let full = self.synced + self.tail.len() as u64 >= self.segment_bytes;
+        if !self.tail.is_empty() && (self.mode == FsyncMode::Always || sync_due || full) {
+            if let Err(e) = self.io.sync() {
+                self.written = 0;
+                return Err(e);
+            }
+            self.synced += self.tail.len() as u64;
+            self.synced_last = self.tail_last;
+            self.tail.clear();
+            (self.written, self.extent) = (0, 0);
+        }
+        if self.tail.is_empty() && self.synced >= self.segment_bytes {
+            self.io.rotate(self.synced_last + 1)?;
+            self.synced = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Backoff between tries while the log cannot write: the first retry soon, then at most this
+/// far apart, so service is back well within a second of the disk taking writes again.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_millis(200);
+/// How long a shutdown keeps retrying a log that cannot write before it gives up on the records
+/// (none of them was acknowledged).
+const CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// One storage fault, from the first failed try to the first good one.
+struct Episode {
+    since: Instant,
+    tries: u64,
+    backoff: Duration,
+}
+
+fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
     let mut last_sync = Instant::now();
-    let mut unsynced = false;
+    let mut episode: Option<Episode> = None;
+    let mut closing_since: Option<Instant> = None;
     loop {
         let (buf, last, closing) = {
             let mut p = shared.pending.lock().expect("log lock");
@@ -777,8 +1104,9 @@ fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64)
                 if !p.buf.is_empty() || p.closing {
                     break;
                 }
-                let timeout = match mode {
-                    FsyncMode::Interval(every) if unsynced => every.saturating_sub(last_sync.elapsed()),
+                let timeout = match (&episode, w.mode) {
+                    (Some(e), _) => e.backoff,
+                    (None, FsyncMode::Interval(every)) if w.unsynced() => every.saturating_sub(last_sync.elapsed()),
                     _ => Duration::from_secs(3600),
                 };
                 let (guard, res) = shared.wake.wait_timeout(p, timeout).expect("log lock");
@@ -789,51 +1117,69 @@ fn flush_loop(shared: &Shared, dir: &Path, mode: FsyncMode, segment: (File, u64)
             }
             (std::mem::take(&mut p.buf), p.last_seq, p.closing)
         };
-        let result = (|| -> io::Result<()> {
-            if !buf.is_empty() {
-                file.write_all(&buf)?;
-                size += buf.len() as u64;
-                add_log_bytes(buf.len() as i64);
-                unsynced = true;
-            }
-            let sync_now = match mode {
-                FsyncMode::Always => unsynced,
-                FsyncMode::Interval(every) => unsynced && (closing || last_sync.elapsed() >= every),
-            };
-            if sync_now {
-                let t = Instant::now();
-                file.sync_data()?;
-                crate::metrics::observe_fsync(t.elapsed());
-                last_sync = Instant::now();
-                unsynced = false;
-            }
-            if size >= SEGMENT_BYTES {
-                file.sync_data()?;
-                let (f, s) = open_segment(dir, last + 1)?;
-                file = f;
-                size = s;
-                unsynced = false;
-            }
-            Ok(())
-        })();
-        match result {
+        w.push(buf, last);
+        let sync_due = match w.mode {
+            FsyncMode::Always => true,
+            FsyncMode::Interval(every) => closing || last_sync.elapsed() >= every,
+        };
+        let was_unsynced = w.unsynced();
+        match w.flush(sync_due) {
             Ok(()) => {
-                // Always: durable once fsynced; Interval: once the OS has it.
-                if last > durable && (mode != FsyncMode::Always || !unsynced) {
-                    durable = last;
-                    shared.durable.send_replace(durable);
+                if was_unsynced && !w.unsynced() {
+                    last_sync = Instant::now();
                 }
+                if let Some(e) = episode.take() {
+                    tracing::info!(
+                        "storage: the log in {} is written again after {:.1} s ({} failed tries); serving",
+                        w.io.name(),
+                        e.since.elapsed().as_secs_f64(),
+                        e.tries
+                    );
+                    crate::metrics::set_storage_up(true);
+                }
+                let durable = w.durable();
+                shared.mark.send_if_modified(|m| {
+                    let changed = m.durable != durable || m.fault.is_some();
+                    (m.durable, m.fault) = (durable, None);
+                    changed
+                });
             }
-            Err(e) => {
-                let why = format!("writing the log in {} failed: {e}", dir.display());
-                tracing::error!("{why}");
-                shared.pending.lock().expect("log lock").failed = Some(why);
-                // Retry later instead of spinning: the records stay unacknowledged.
-                std::thread::sleep(Duration::from_millis(100));
+            Err(err) => {
+                crate::metrics::storage_write_failed();
+                let why: Arc<str> = format!("{}: {err}", w.io.name()).into();
+                match &mut episode {
+                    Some(e) => {
+                        e.tries += 1;
+                        e.backoff = (e.backoff * 2).min(RETRY_MAX);
+                    }
+                    None => {
+                        tracing::error!(
+                            "storage: writing the log failed ({why}); writes answer 503 storage-unavailable until \
+                             it works again, retrying"
+                        );
+                        crate::metrics::set_storage_up(false);
+                        episode = Some(Episode { since: Instant::now(), tries: 1, backoff: RETRY_FIRST });
+                    }
+                }
+                let durable = w.durable();
+                shared.mark.send_modify(|m| (m.durable, m.fault) = (durable, Some(why.clone())));
             }
         }
-        if closing && buf.is_empty() {
-            return;
+        if closing {
+            if !w.unsynced() && episode.is_none() {
+                return;
+            }
+            let since = *closing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= CLOSE_GRACE {
+                tracing::error!(
+                    "storage: shutting down with records {}..={} not written (the log cannot write); none of them \
+                     was acknowledged",
+                    w.durable() + 1,
+                    last
+                );
+                return;
+            }
+            std::thread::sleep(episode.as_ref().map_or(RETRY_FIRST, |e| e.backoff));
         }
     }
 }
@@ -887,6 +1233,199 @@ mod tests {
         assert_eq!(rec.records.len(), 4);
         assert!(rec.dropped_tail.as_deref().unwrap().contains("wrong checksum"), "{:?}", rec.dropped_tail);
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A segment whose disk fails: once `budget` bytes are written, a write lands in part and
+    /// fails with ENOSPC, and the next `fail_tries` tries fail too before the space is back; the
+    /// fsync numbered `fail_sync` fails with EIO and loses what it should have made durable
+    /// (zeroed, as a kernel that dropped the dirty pages), and the next one works.
+    struct Faulty {
+        files: Files,
+        budget: Option<u64>,
+        fail_tries: u32,
+        fail_sync: Option<u32>,
+        syncs: u32,
+        /// Each segment's length at its last good fsync: what a power loss keeps.
+        synced: std::collections::BTreeMap<PathBuf, u64>,
+    }
+
+    impl SegmentIo for Faulty {
+        fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+            let full = || io::Error::from_raw_os_error(28);
+            match self.budget {
+                Some(0) if self.fail_tries > 0 => {
+                    self.fail_tries -= 1;
+                    Err(full())
+                }
+                Some(0) => {
+                    self.budget = None;
+                    self.files.write_at(offset, bytes)
+                }
+                Some(left) if (bytes.len() as u64) > left => {
+                    self.files.write_at(offset, &bytes[..left as usize])?;
+                    self.budget = Some(0);
+                    Err(full())
+                }
+                Some(left) => {
+                    self.budget = Some(left - bytes.len() as u64);
+                    self.files.write_at(offset, bytes)
+                }
+                None => self.files.write_at(offset, bytes),
+            }
+        }
+        fn sync(&mut self) -> io::Result<()> {
+            self.syncs += 1;
+            let len = self.files.file.metadata()?.len();
+            if self.fail_sync == Some(self.syncs) {
+                let from = self.synced.get(&self.files.path).copied().unwrap_or(0);
+                self.files.write_at(from, &vec![0; (len - from) as usize])?;
+                return Err(io::Error::from_raw_os_error(5));
+            }
+            self.files.sync()?;
+            self.synced.insert(self.files.path.clone(), len);
+            Ok(())
+        }
+        fn set_len(&mut self, len: u64) -> io::Result<()> {
+            self.files.set_len(len)
+        }
+        fn rotate(&mut self, first: u64) -> io::Result<()> {
+            self.files.rotate(first)?;
+            self.synced.insert(self.files.path.clone(), 0);
+            Ok(())
+        }
+        fn name(&self) -> String {
+            self.files.name()
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Fault {
+        /// The disk fills after this many bytes of the log.
+        Full(u64),
+        /// This fsync fails.
+        Sync(u32),
+    }
+
+    /// The records the run appends: 14 batches of 1..=3 records.
+    fn batches() -> Vec<Vec<(u64, Command)>> {
+        let mut seq = 0;
+        (0..14u32)
+            .map(|b| {
+                (0..1 + b % 3)
+                    .map(|i| {
+                        seq += 1;
+                        (seq, cmd(b * 10 + i))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Copies the segments of `dir` (cut to what a power loss keeps, if `power_loss`) to a
+    /// new directory, recovers it, and checks that it holds records 1..=n in order, exactly
+    /// as appended, with every acknowledged one among them (`n >= acked`).
+    fn check_recovery(dir: &Path, io: &Faulty, power_loss: bool, acked: u64, all: &[(u64, Command)], why: &str) {
+        let copy = dir.with_extension("check");
+        let _ = fs::remove_dir_all(&copy);
+        fs::create_dir_all(&copy).unwrap();
+        fs::write(copy.join("FORMAT"), format_text(FORMAT_VERSION)).unwrap();
+        for (_, path) in numbered(dir, "wal-", ".log").unwrap() {
+            let mut bytes = fs::read(&path).unwrap();
+            if power_loss {
+                bytes.truncate(io.synced.get(&path).copied().unwrap_or(0) as usize);
+            }
+            fs::write(copy.join(path.file_name().unwrap()), bytes).unwrap();
+        }
+        let rec = recover(&copy).unwrap_or_else(|e| panic!("{why}: {e}"));
+        let got: Vec<u64> = rec.records.iter().map(|r| r.seq).collect();
+        let n = got.len() as u64;
+        assert_eq!(got, (1..=n).collect::<Vec<_>>(), "{why}");
+        assert!(n >= acked, "{why}: {n} records recovered, {acked} were acknowledged ({:?})", rec.dropped_tail);
+        for r in &rec.records {
+            let want = &all[(r.seq - 1) as usize].1;
+            assert_eq!(format!("{:?}", r.command), format!("{want:?}"), "{why}: record {}", r.seq);
+        }
+        fs::remove_dir_all(&copy).unwrap();
+    }
+
+    /// Writes [`batches`] through a [`Writer`] on a failing disk, trying each batch until it
+    /// is written; checks recovery after the first failure and at the end. Returns the count of
+    /// failed tries (0: the fault was never reached).
+    fn run_with_fault(mode: FsyncMode, fault: Fault, name: &str) -> u32 {
+        let d = tmp(name);
+        open_dir(&d).unwrap();
+        let (files, len) = Files::open(&d, 1).unwrap();
+        let (budget, fail_sync) = match fault {
+            Fault::Full(n) => (Some(n), None),
+            Fault::Sync(k) => (None, Some(k)),
+        };
+        let io = Faulty { files, budget, fail_tries: 2, fail_sync, syncs: 0, synced: Default::default() };
+        // Small segments, so faults meet rotations too.
+        let mut w = Writer::new(io, mode, 120, len, 0);
+        let all: Vec<(u64, Command)> = batches().into_iter().flatten().collect();
+        let (mut acked, mut failures) = (0u64, 0u32);
+        let power_loss = mode == FsyncMode::Always;
+        for (b, batch) in batches().into_iter().enumerate() {
+            let mut buf = Vec::new();
+            for (seq, c) in &batch {
+                encode_record(&mut buf, *seq, 7, c);
+            }
+            w.push(buf, batch.last().unwrap().0);
+            for attempt in 0.. {
+                assert!(attempt < 10, "{fault:?}: batch {b} never written");
+                let result = w.flush(b % 2 == 0);
+                let durable = w.durable();
+                assert!(durable >= acked, "{fault:?}: the durable mark went back");
+                acked = durable;
+                match result {
+                    Ok(()) => break,
+                    Err(_) => {
+                        failures += 1;
+                        if failures == 1 {
+                            let why = format!("{mode:?} {fault:?}, at the first failure (batch {b})");
+                            check_recovery(&d, &w.io, power_loss, acked, &all, &why);
+                        }
+                    }
+                }
+            }
+        }
+        while w.flush(true).is_err() {}
+        acked = w.durable();
+        assert_eq!(acked, all.len() as u64, "{fault:?}: every record durable at the end");
+        check_recovery(&d, &w.io, power_loss, acked, &all, &format!("{mode:?} {fault:?}, at the end"));
+        fs::remove_dir_all(&d).unwrap();
+        failures
+    }
+
+    #[test]
+    fn a_full_disk_at_any_byte_of_the_log_loses_no_acknowledged_record() {
+        let mut total = Vec::new();
+        for (i, c) in batches().into_iter().flatten() {
+            encode_record(&mut total, i, 7, &c);
+        }
+        for mode in [FsyncMode::Always, FsyncMode::Interval(Duration::from_secs(3600))] {
+            let mut faulted = 0;
+            for n in 0..=total.len() as u64 {
+                if run_with_fault(mode, Fault::Full(n), "full") > 0 {
+                    faulted += 1;
+                }
+            }
+            // Every budget short of the whole log met the fault.
+            assert_eq!(faulted, total.len(), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_fsync_at_any_point_loses_no_acknowledged_record() {
+        let mut k = 1;
+        loop {
+            let failures = run_with_fault(FsyncMode::Always, Fault::Sync(k), "fsync");
+            if failures == 0 {
+                break;
+            }
+            k += 1;
+        }
+        assert!(k > 14, "only {k} fsyncs");
     }
 
     #[test]

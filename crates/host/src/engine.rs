@@ -40,6 +40,9 @@ pub enum EngineError {
     /// The command applied but its log record could not be made durable: 503 (the client
     /// retries; the command is idempotent for the clients' flows).
     Storage(String),
+    /// The log cannot be written (a full disk, an I/O error): the command was not applied, or
+    /// it is a read that would show records not yet durable. 503 until the disk takes writes.
+    StorageDown(String),
     /// The wasm plugin trapped on this command: it was not applied, the engine was rebuilt
     /// (`restored`: with the state it had before the command). 503.
     Trapped {

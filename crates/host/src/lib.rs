@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`cli`]: the `kvpages` command line (flags, `KVPAGES_*` environment variables, logging).
 //! - [`server`]: builds the router, the per-request guard (time bound, request log) and runs it.
+//! - [`connections`]: the accept loop and its limits (head and idle time limits, the connection
+//!   cap below the descriptor limit).
 //! - [`engine`]: the small interface the server drives, and the native engine behind it.
 //! - [`api`]: the host's own error answers (from the core's catalogue, `kvpages_core::wire::ErrorCode`)
 //!   and JSON responses.
@@ -25,6 +27,7 @@ pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod connections;
 pub mod durable;
 pub mod engine;
 pub mod forward;

@@ -123,6 +123,41 @@ pub struct Registry {
     plugin_faults: AtomicU64,
     fsync: Histogram,
     log_bytes: AtomicU64,
+    /// 0 while the write-ahead log cannot be written.
+    storage_up: AtomicU64,
+    storage_write_failures: AtomicU64,
+    snapshots_skipped: AtomicU64,
+    connections_open: AtomicU64,
+    /// By [`ConnectionClosed`] reason.
+    connections_closed: [AtomicU64; ConnectionClosed::ALL.len()],
+}
+
+/// Why the server closed a connection itself (`kvpages_connections_closed_total`'s `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionClosed {
+    /// Idle past `--idle-timeout`.
+    Idle,
+    /// Its request head did not arrive within `--header-timeout` (slowloris).
+    HeaderTimeout,
+    /// Closed while idle to make room for a new connection at `--max-connections`.
+    Evicted,
+    /// Refused at `--max-connections` with every open connection busy.
+    Refused,
+}
+
+impl ConnectionClosed {
+    /// Every reason, in the order of the metric's lines.
+    pub const ALL: [ConnectionClosed; 4] =
+        [ConnectionClosed::Idle, ConnectionClosed::HeaderTimeout, ConnectionClosed::Evicted, ConnectionClosed::Refused];
+
+    fn label(self) -> &'static str {
+        match self {
+            ConnectionClosed::Idle => "idle",
+            ConnectionClosed::HeaderTimeout => "header-timeout",
+            ConnectionClosed::Evicted => "evicted",
+            ConnectionClosed::Refused => "refused",
+        }
+    }
 }
 
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
@@ -131,6 +166,11 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
     plugin_faults: AtomicU64::new(0),
     fsync: Histogram::new(&FSYNC_BUCKETS),
     log_bytes: AtomicU64::new(0),
+    storage_up: AtomicU64::new(1),
+    storage_write_failures: AtomicU64::new(0),
+    snapshots_skipped: AtomicU64::new(0),
+    connections_open: AtomicU64::new(0),
+    connections_closed: [const { AtomicU64::new(0) }; ConnectionClosed::ALL.len()],
 });
 
 /// The `route` label for a request: the matched route template (`/keys/batch_allocate`,
@@ -186,6 +226,33 @@ pub fn observe_fsync(elapsed: Duration) {
 /// grows or is truncated by a snapshot).
 pub fn set_log_bytes(bytes: u64) {
     REGISTRY.log_bytes.store(bytes, Ordering::Relaxed);
+}
+
+/// Whether the write-ahead log writes (called by the durability layer when a fault starts and ends).
+pub fn set_storage_up(up: bool) {
+    REGISTRY.storage_up.store(u64::from(up), Ordering::Relaxed);
+}
+
+/// Counts one failed write or fsync of the write-ahead log (each try during a fault counts).
+pub fn storage_write_failed() {
+    REGISTRY.storage_write_failures.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one snapshot skipped because the disk had no room for it.
+pub fn snapshot_skipped() {
+    REGISTRY.snapshots_skipped.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Moves the count of open client connections by `delta` (called by the connection layer).
+pub fn connections_open(delta: i64) {
+    let _ = REGISTRY
+        .connections_open
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some((c as i64 + delta).max(0) as u64));
+}
+
+/// Counts one connection the server closed itself.
+pub fn connection_closed(why: ConnectionClosed) {
+    REGISTRY.connections_closed[why as usize].fetch_add(1, Ordering::Relaxed);
 }
 
 /// Escapes a label value (`\`, `"` and newlines), as the format requires.
@@ -342,6 +409,38 @@ fn render_process(out: &mut String, engine_traps: Option<u64>) {
     REGISTRY.fsync.render(out, "kvpages_log_fsync_duration_seconds", "");
     header(out, "kvpages_log_bytes", "gauge", "Size of the write-ahead log on disk, in bytes.");
     let _ = writeln!(out, "kvpages_log_bytes {}", REGISTRY.log_bytes.load(Ordering::Relaxed));
+    header(
+        out,
+        "kvpages_storage_up",
+        "gauge",
+        "1 while the write-ahead log writes (and always without a data directory), 0 during a storage fault.",
+    );
+    let _ = writeln!(out, "kvpages_storage_up {}", REGISTRY.storage_up.load(Ordering::Relaxed));
+    header(
+        out,
+        "kvpages_storage_write_failures_total",
+        "counter",
+        "Failed writes or fsyncs of the write-ahead log (every try during a fault).",
+    );
+    let _ = writeln!(
+        out,
+        "kvpages_storage_write_failures_total {}",
+        REGISTRY.storage_write_failures.load(Ordering::Relaxed)
+    );
+    header(out, "kvpages_snapshots_skipped_total", "counter", "Snapshots skipped: the disk had no room for them.");
+    let _ = writeln!(out, "kvpages_snapshots_skipped_total {}", REGISTRY.snapshots_skipped.load(Ordering::Relaxed));
+    header(out, "kvpages_connections_open", "gauge", "Client connections open now.");
+    let _ = writeln!(out, "kvpages_connections_open {}", REGISTRY.connections_open.load(Ordering::Relaxed));
+    header(
+        out,
+        "kvpages_connections_closed_total",
+        "counter",
+        "Connections the server closed itself, by reason (idle, header-timeout, evicted, refused).",
+    );
+    for why in ConnectionClosed::ALL {
+        let n = REGISTRY.connections_closed[why as usize].load(Ordering::Relaxed);
+        let _ = writeln!(out, "kvpages_connections_closed_total{{reason=\"{}\"}} {n}", why.label());
+    }
 }
 
 /// The whole exposition: process figures, then the core's when `stats` is there.

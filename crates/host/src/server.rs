@@ -54,6 +54,8 @@ pub struct ServeConfig {
     pub durability: Option<DurableConfig>,
     /// `--allow` and `--admin-token`: who may send what (default: everyone, everything).
     pub access: crate::access::Access,
+    /// `--header-timeout`, `--idle-timeout`, `--max-connections`.
+    pub connections: crate::connections::Limits,
     /// Serve the load generator's transport-only floor route (`kvpages bench`'s in-process
     /// server only; never set by `kvpages serve`).
     pub bench_floor: bool,
@@ -69,6 +71,7 @@ impl Default for ServeConfig {
             settings: Settings::default(),
             durability: None,
             access: crate::access::Access::default(),
+            connections: crate::connections::Limits::default(),
             bench_floor: false,
         }
     }
@@ -142,8 +145,12 @@ pub(crate) struct Shared {
     pub(crate) recovered: AtomicU64,
     /// The write-ahead log, when durable.
     log: OnceLock<crate::durable::Log>,
+    /// The data directory's lock, held for the life of the server: one server per directory.
+    dir_lock: OnceLock<crate::durable::DirLock>,
     /// Seq of the newest snapshot.
     snapshot_seq: AtomicU64,
+    /// Snapshots are being skipped for want of room (so that is logged once).
+    snapshot_skipping: AtomicBool,
     pub(crate) config: ServeConfig,
 }
 
@@ -182,6 +189,12 @@ impl App {
         if !self.is_ready() {
             return Err(EngineError::Recovering);
         }
+        let log = self.log.get();
+        // While the log cannot write, a change is refused before it is applied: it could not
+        // be acknowledged, and the state stays what the disk holds (plus the records waiting).
+        if let Some(why) = log.filter(|_| cmd.is_mutating()).and_then(crate::durable::Log::fault) {
+            return Err(EngineError::StorageDown(why));
+        }
         let mut engine = match self.try_lock_spinning() {
             Some(engine) => engine,
             None => tokio::time::timeout_at(deadline.into(), self.engine.lock())
@@ -190,14 +203,22 @@ impl App {
         };
         let now = self.now();
         let reply = engine.apply(now, cmd);
-        let log = self.log.get();
-        let wait_for =
-            log.map(|log| if reply.is_ok() && cmd.is_mutating() { log.append(now, cmd) } else { log.last_seq() });
+        let logged = reply.is_ok() && cmd.is_mutating();
+        let wait_for = log.map(|log| if logged { log.append(now, cmd) } else { log.last_seq() });
         drop(engine);
         if let (Some(log), Some(seq)) = (log, wait_for) {
-            log.wait(seq, deadline).await.map_err(EngineError::Storage)?;
+            log.wait(seq, deadline).await.map_err(|e| match e {
+                // A read (or a refused change) shows state that is not durable yet.
+                crate::durable::NotDurable::Fault(why) if !logged => EngineError::StorageDown(why),
+                e => EngineError::Storage(e.to_string()),
+            })?;
         }
         reply
+    }
+
+    /// The storage fault the server is in (`path: OS error`), if its log cannot write.
+    pub(crate) fn storage_fault(&self) -> Option<String> {
+        self.log.get().and_then(crate::durable::Log::fault)
     }
 
     /// The engine lock if it comes free within [`SPIN_TRIES`] tries. It is held for one
@@ -220,7 +241,10 @@ impl App {
     /// Blocking; run it off the async threads. Progress goes to the log (see [`replay`]).
     fn recover(&self, dur: &DurableConfig, seed: u64) -> Result<(), String> {
         let start = Instant::now();
+        let lock = crate::durable::lock_dir(&dur.dir)?;
+        let _ = self.dir_lock.set(lock);
         crate::durable::open_dir(&dur.dir)?;
+        crate::durable::remove_temp_files(&dur.dir)?;
         let rec = crate::durable::recover(&dur.dir)?;
         if let Some(note) = &rec.dropped_tail {
             tracing::warn!("recovery: the log was torn: {note}");
@@ -259,6 +283,10 @@ impl App {
     /// Takes a snapshot when enough records or time have passed since the last one.
     async fn maybe_snapshot(&self, dur: &DurableConfig, last_time: &mut Instant, force: bool) {
         let Some(log) = self.log.get() else { return };
+        if log.fault().is_some() {
+            // The log needs the disk first; the snapshot is taken once it writes again.
+            return;
+        }
         let since = log.last_seq().saturating_sub(self.snapshot_seq.load(Ordering::Acquire));
         let due = since >= dur.snapshot_every || (since > 0 && (force || last_time.elapsed() >= dur.snapshot_interval));
         if !due {
@@ -282,9 +310,27 @@ impl App {
             Ok(Ok(())) => {
                 self.snapshot_seq.store(seq, Ordering::Release);
                 *last_time = Instant::now();
+                if self.snapshot_skipping.swap(false, Ordering::Relaxed) {
+                    tracing::info!("snapshots: the disk has room again");
+                }
                 tracing::info!(seq, bytes = size, seconds = start.elapsed().as_secs_f64(), "snapshot written");
             }
-            Ok(Err(e)) => tracing::error!("writing a snapshot in {} failed: {e}", dur.dir.display()),
+            Ok(Err(crate::durable::SnapshotError::NoRoom { needed, available })) => {
+                crate::metrics::snapshot_skipped();
+                // One line when skipping starts, not one a second.
+                if !self.snapshot_skipping.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "snapshots skipped until the disk has room: {} has {available} bytes free, a snapshot \
+                         needs {needed} (the log keeps the space; it grows until a snapshot is written)",
+                        dur.dir.display()
+                    );
+                }
+                *last_time = Instant::now();
+            }
+            Ok(Err(e)) => {
+                tracing::error!("writing a snapshot in {} failed: {e}; the log is untouched", dur.dir.display());
+                *last_time = Instant::now();
+            }
             Err(e) => tracing::error!("snapshot task failed: {e}"),
         }
     }
@@ -477,7 +523,9 @@ pub fn build(config: ServeConfig, engine: Box<dyn Engine>) -> Result<(Router, Ha
         ready: AtomicBool::new(!durable),
         recovered: AtomicU64::new(0),
         log: OnceLock::new(),
+        dir_lock: OnceLock::new(),
         snapshot_seq: AtomicU64::new(0),
+        snapshot_skipping: AtomicBool::new(false),
         config,
     }));
     let handle = Handle(app.clone());
@@ -539,17 +587,31 @@ async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
     resp
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then drains open requests.
+/// Serves `router` on `listener` until `shutdown` resolves, then drains open requests, with the
+/// default connection limits (see [`run_with`]).
 pub async fn run(
     listener: TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    run_with(listener, router, crate::connections::Limits::default(), shutdown).await
+}
+
+/// [`run`] within `limits`: header and idle time limits, and the connection cap.
+pub async fn run_with(
+    listener: TcpListener,
+    router: Router,
+    limits: crate::connections::Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    tracing::info!("kvpages listening on http://{addr}");
-    // With the client's address, for `--allow`.
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service).with_graceful_shutdown(shutdown).await
+    tracing::info!(
+        max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "kvpages listening on http://{addr}"
+    );
+    crate::connections::serve(listener, router, limits, shutdown).await
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -12,128 +12,8 @@ use std::time::{Duration, Instant};
 
 use kvpages_host::server::{SERVER_THREAD, default_threads};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proc {
-    // A failed assertion must not leave a server behind (it would hold the test's output pipe).
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(dir: &Path, port: u16, extra: &[&str]) -> Proc {
-    start_engine("native", dir, port, extra)
-}
-
-fn start_engine(engine: &str, dir: &Path, port: u16, extra: &[&str]) -> Proc {
-    start_with_env(engine, dir, port, extra, &[])
-}
-
-/// [`start_engine`] with `env` set (and no `KVPAGES_THREADS` from the test's own environment).
-fn start_with_env(engine: &str, dir: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_kvpages"))
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--log", "warn", "--engine", engine])
-        .arg("--data-dir")
-        .arg(dir)
-        .args(extra)
-        .env_remove("KVPAGES_THREADS")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("kvpages starts");
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let p = Proc { child, addr };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok((200, _)) = request(addr, "GET", "/health", "") {
-            return p;
-        }
-        assert!(Instant::now() < deadline, "kvpages did not become ready on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// One request on its own connection: (status, body).
-fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.get(9..12).and_then(|c| c.parse().ok()).ok_or_else(|| std::io::Error::other("no status"))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Ok((status, body))
-}
-
-fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    request(addr, "POST", path, body).unwrap_or((0, String::new()))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvpages-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-/// free + reserved + committed + quarantined = num_pages on every rank of every space.
-fn assert_pages_add_up(addr: SocketAddr) {
-    let (status, body) = request(addr, "GET", "/stats", "").unwrap();
-    assert_eq!(status, 200, "{body}");
-    for space in json(&body)["spaces"].as_array().unwrap() {
-        for r in space["ranks"].as_array().unwrap() {
-            let sum: u64 =
-                ["free", "reserved", "committed", "quarantined"].iter().map(|k| r[k].as_u64().unwrap()).sum();
-            assert_eq!(sum, r["num_pages"].as_u64().unwrap(), "{r}");
-        }
-    }
-}
-
-/// Saves `key` on both ranks as vLLM's workers do; `Some(pages)` when both confirms were acked.
-fn save(addr: SocketAddr, key: &str) -> Option<[i64; 2]> {
-    let mut pages = [0i64; 2];
-    for (rank, slot) in pages.iter_mut().enumerate() {
-        let (st, body) = post(addr, "/keys/batch_allocate", &format!(r#"{{"rank":{rank},"keys":[["{key}",""]]}}"#));
-        if st != 200 {
-            return None;
-        }
-        let page = json(&body)["results"][0][1].as_i64()?;
-        if page < 0 {
-            return None;
-        }
-        let (st, _) =
-            post(addr, "/keys/confirm_write", &format!(r#"{{"rank":{rank},"confirmations":[["{key}",{page}]]}}"#));
-        if st != 204 {
-            return None;
-        }
-        *slot = page;
-    }
-    Some(pages)
-}
-
-fn locations(addr: SocketAddr, rank: u32, keys: &[String]) -> Vec<Option<i64>> {
-    let (st, body) = post(addr, "/keys/get_locations", &serde_json::json!({"rank": rank, "keys": keys}).to_string());
-    assert_eq!(st, 200, "{body}");
-    json(&body)["locations"].as_array().unwrap().iter().map(|v| v.as_i64()).collect()
-}
+mod process;
+use process::*;
 
 #[test]
 fn a_restart_keeps_ranks_keys_and_pages() {
@@ -165,11 +45,6 @@ fn a_restart_keeps_ranks_keys_and_pages() {
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn unsafe_term(child: &Child) {
-    // std has no SIGTERM; the `kill` command sends it.
-    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
 }
 
 #[test]

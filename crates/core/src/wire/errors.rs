@@ -60,6 +60,8 @@ pub enum ErrorCode {
     Recovering,
     /// The log could not be made durable.
     StorageFault,
+    /// The log cannot be written (full disk, I/O error); nothing was applied.
+    StorageUnavailable,
     /// The wasm plugin trapped on this request (deadline, memory cap, abort); it was not applied.
     PluginTrapped,
     /// `--allow` is set and the client's address is in none of its blocks.
@@ -72,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// All codes, for the docs check.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::InitializeInvalid,
         ErrorCode::KeysRequestInvalid,
         ErrorCode::ConfirmRequestInvalid,
@@ -96,6 +98,7 @@ impl ErrorCode {
         ErrorCode::EngineFault,
         ErrorCode::Recovering,
         ErrorCode::StorageFault,
+        ErrorCode::StorageUnavailable,
         ErrorCode::PluginTrapped,
         ErrorCode::AccessDenied,
         ErrorCode::AdminTokenRequired,
@@ -126,6 +129,7 @@ impl ErrorCode {
             | ErrorCode::EngineFault
             | ErrorCode::Recovering
             | ErrorCode::StorageFault
+            | ErrorCode::StorageUnavailable
             | ErrorCode::PluginTrapped => 503,
             ErrorCode::AccessDenied => 403,
             ErrorCode::AdminTokenRequired => 401,
@@ -162,6 +166,9 @@ impl ErrorCode {
             ErrorCode::EngineFault => "Engine unavailable",
             ErrorCode::Recovering => "Recovering: not serving yet",
             ErrorCode::StorageFault => "Storage error: the request applied but is not durable",
+            ErrorCode::StorageUnavailable => {
+                "Storage unavailable: the data directory cannot be written; nothing was applied"
+            }
             ErrorCode::PluginTrapped => "Engine plugin trapped; the request was not applied",
             ErrorCode::AccessDenied => "Forbidden: client address not allowed (--allow)",
             ErrorCode::AdminTokenRequired => "Unauthorized: this route needs the admin token (--admin-token)",
@@ -195,6 +202,7 @@ impl ErrorCode {
             ErrorCode::EngineFault => "engine-fault",
             ErrorCode::Recovering => "recovering",
             ErrorCode::StorageFault => "storage-fault",
+            ErrorCode::StorageUnavailable => "storage-unavailable",
             ErrorCode::PluginTrapped => "plugin-trapped",
             ErrorCode::AccessDenied => "access-denied",
             ErrorCode::AdminTokenRequired => "admin-token-required",
@@ -287,10 +295,11 @@ mod tests {
             ErrorCode::EngineFault => 20,
             ErrorCode::Recovering => 21,
             ErrorCode::StorageFault => 22,
-            ErrorCode::PluginTrapped => 23,
-            ErrorCode::AccessDenied => 24,
-            ErrorCode::AdminTokenRequired => 25,
-            ErrorCode::UpstreamUnavailable => 26,
+            ErrorCode::StorageUnavailable => 23,
+            ErrorCode::PluginTrapped => 24,
+            ErrorCode::AccessDenied => 25,
+            ErrorCode::AdminTokenRequired => 26,
+            ErrorCode::UpstreamUnavailable => 27,
         }
     }
 

@@ -62,6 +62,23 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
         let body = serde_json::to_vec(&body).expect("serializes");
         return crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body);
     }
+    if let Some(why) = app.storage_fault() {
+        #[derive(Serialize)]
+        struct Unavailable {
+            status: &'static str,
+            detail: String,
+            engine: String,
+            uptime_seconds: f64,
+        }
+        let body = Unavailable {
+            status: ErrorCode::StorageUnavailable.name(),
+            detail: ApiError::because(ErrorCode::StorageUnavailable, why).detail,
+            engine: app.kind.to_string(),
+            uptime_seconds: app.started.elapsed().as_secs_f64(),
+        };
+        let body = serde_json::to_vec(&body).expect("serializes");
+        return crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body);
+    }
     let stats = match stats_now(&app).await {
         Ok(s) => s,
         Err(e) => return e.into_response(),

@@ -158,6 +158,7 @@ pub(crate) fn fault(e: EngineError) -> ApiError {
             ApiError::because(ErrorCode::Recovering, "the state is being recovered from the data directory")
         }
         EngineError::Storage(why) => ApiError::because(ErrorCode::StorageFault, why),
+        EngineError::StorageDown(why) => ApiError::because(ErrorCode::StorageUnavailable, why),
         EngineError::Trapped { cause, restored: true } => ApiError::because(
             ErrorCode::PluginTrapped,
             format_args!("{cause}; the engine was rebuilt with the state from before this request"),
