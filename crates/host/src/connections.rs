@@ -283,11 +283,15 @@ pub async fn serve(
                 continue;
             }
         };
-        if table.len() >= limits.max_connections && !table.evict_oldest_idle() {
-            tracing::debug!(%peer, "refused a connection: {} open, every one busy", limits.max_connections);
-            crate::metrics::connection_closed(ConnectionClosed::Refused);
-            drop(stream);
-            continue;
+        if table.len() >= limits.max_connections {
+            if !table.evict_oldest_idle() {
+                tracing::debug!(%peer, "refused a connection: {} open, every one busy", limits.max_connections);
+                crate::metrics::connection_closed(ConnectionClosed::Refused);
+                drop(stream);
+                continue;
+            }
+            // Let the evicted connection's task close its descriptor before the next accept.
+            tokio::task::yield_now().await;
         }
         let _ = stream.set_nodelay(true);
         next_id += 1;

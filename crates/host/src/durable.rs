@@ -1129,7 +1129,8 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
                     last_sync = Instant::now();
                 }
                 if let Some(e) = episode.take() {
-                    tracing::info!(
+                    // A warning, as the start was an error: whoever saw one sees the other.
+                    tracing::warn!(
                         "storage: the log in {} is written again after {:.1} s ({} failed tries); serving",
                         w.io.name(),
                         e.since.elapsed().as_secs_f64(),
