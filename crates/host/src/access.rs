@@ -182,7 +182,7 @@ pub fn is_guarded(path: &str) -> bool {
 /// regard to case (RFC 7235, section 2.1), the spaces around the token are not part of it.
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let (scheme, token) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"Bearer") || !token.first().is_some_and(|&b| b == b' ') {
+    if !scheme.eq_ignore_ascii_case(b"Bearer") || token.first().is_none_or(|&b| b != b' ') {
         return None;
     }
     Some(token.trim_ascii())

@@ -2,10 +2,9 @@
 //! Every acknowledged confirm and delete must be there after the restart, and the page counts
 //! must add up. Also the worker threads `kvpages serve` runs (`--threads`).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
