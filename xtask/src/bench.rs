@@ -991,8 +991,7 @@ mod tests {
 
     /// BENCHMARKS.md and README.md keep the markers `cargo xtask bench` writes its tables
     /// between, and hold the tables the committed JSON renders: a hand edit that drops a marker
-    /// (session 28's did, and the next full run failed at its end) or changes a generated table
-    /// fails here, not after a 20-minute run.
+    /// or changes a generated table fails here, not at the end of a 20-minute run.
     #[test]
     fn the_docs_hold_the_tables_of_the_committed_results() {
         let docs = root().join("docs/bench");

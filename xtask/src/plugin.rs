@@ -106,28 +106,23 @@ pub(crate) fn debian_cargo() -> Command {
 ///
 /// LLVM inlines more than its -O3 default (225). Every wasm function call costs more under
 /// Cranelift than natively: the callee checks the epoch deadline on entry, and a frame that
-/// spills moves wasm's shadow stack pointer, a global kept in memory. Measured (instructions
-/// through the plugin engine, valgrind, the same harness; session 9): allocate+confirm of 32
-/// fresh keys 196.9k -> 182.3k a cycle, of 128 keys 711.5k -> 656.7k, exists/locations of 32
-/// stored keys -0.5k/-0.8k; 500 gave only -3k, 3000 the same as 1000 at 2.5x the size.
-/// The component grows from ~290 KB to ~375 KB.
+/// spills moves wasm's shadow stack pointer, a global kept in memory. A threshold of 1000 saves
+/// ~8 % of the instructions of a save through the plugin (`crates/host/examples/instructions.rs`);
+/// 500 gives little, 3000 no more at 2.5× the size.
 ///
 /// LLVM also unrolls every loop it can by four, trip count unknown or not: Cranelift checks
 /// the epoch deadline at each loop header, ~5 instructions a pass (19 % of the guest's
 /// instructions on a 32-key save, measured with epochs switched off), and a per-key loop pays
-/// it every key. Measured (session 14, minimum of 3): a 32-key save 158.3k -> 154.0k, a 128-key
-/// save 577.5k -> 560.3k, exists/locations of 32 keys 19.1k -> 17.6k / 31.0k -> 30.1k, the full
-/// pool 109.6k -> 108.2k; by 2 gave half of that, by 8 no more than 4. The component grows to
-/// ~570 KB (Cranelift compiles it once at start-up). Cargo lets a `RUSTFLAGS` in the environment
+/// it every key. Unrolling by four saves 3–8 % of the instructions (same example); by 2 gives
+/// half of that, by 8 no more. The component grows to ~570 KB (Cranelift compiles it once at
+/// start-up). Cargo lets a `RUSTFLAGS` in the environment
 /// override target flags, so a build under one loses this (`KVPAGES_GUEST_RUSTFLAGS` adds flags
 /// to these instead); on the Debian route `-Zbuild-std`
 /// compiles `core` and `alloc` with it too (rustup's are prebuilt).
 ///
 /// And the guest may use 128-bit SIMD (`simd128`, part of WebAssembly 2.0: wasmtime enables it
 /// by default, Node's V8 — jco's host — has shipped it since 2021): LLVM compares and moves the
-/// 16-byte keys as one vector. Measured (session 15, instructions inside the plugin engine's
-/// `apply`, callgrind `--toggle-collect`, no start-up noise): exists of 32 keys 15.7k -> 15.0k,
-/// locations 28.2k -> 27.8k, a 32-key save 64.3k -> 63.4k, a 128-key save 211.7k -> 207.6k.
+/// 16-byte keys as one vector: 1–4 % fewer instructions inside the plugin engine's `apply`.
 const GUEST_RUSTFLAGS: &str = "-Cllvm-args=-inline-threshold=1000 -Cllvm-args=-unroll-runtime \
     -Cllvm-args=-unroll-count=4 -Cllvm-args=-unroll-allow-partial -Ctarget-feature=+simd128";
 

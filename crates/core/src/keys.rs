@@ -479,10 +479,8 @@ impl KeyTable {
 
     /// Puts an empty entry for `key` at `slot`, the [`next_slot`] just indexed. The entry is
     /// written in place, a packed key's bytes copied in last: an entry built whole and then
-    /// moved was assembled on the stack from the key's pieces (its bytes sit at offset 1) and
-    /// read back in 16-byte moves that cannot be forwarded from those stores (`perf annotate`
-    /// of a 128-key save put over half of `insert_absent`'s samples there; the load bench did
-    /// not move beyond its noise: the slab's cache misses remain, see docs/bench-history.md).
+    /// moved is read back from the stack in pieces the CPU cannot forward from its stores
+    /// (`perf annotate` of a 128-key save).
     fn fill(&mut self, slot: u32, key: &Key) {
         let blank = |key: Key| {
             Some(Entry {

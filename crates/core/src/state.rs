@@ -1586,7 +1586,7 @@ mod tests {
     #[test]
     fn a_hit_is_not_evicted_by_its_own_batch_after_the_read_lease_is_set_to_zero() {
         // The oldest hit still holds a lease from before the setting (so it is no candidate):
-        // the walk must still stop at the batch's hits (found by a review's differential run).
+        // the walk must still stop at the batch's hits (a case the native-vs-plugin differential found).
         let v = Space::Vllm;
         let settings = Settings { quarantine: 0, ..Settings::default() };
         let mut core = Core::new(1, settings);
@@ -1687,7 +1687,7 @@ mod tests {
 
     /// Clear, Reset, ExportSglang and Inspect answer as of `now`: the same whether or not a read
     /// (Stats) let the clock act on a reservation that ran out just before (found by
-    /// `dropping_the_reads_changes_no_reply_and_no_state`, Inspect by a review).
+    /// `dropping_the_reads_changes_no_reply_and_no_state`).
     #[cfg(feature = "serde")] // compares snapshots
     #[test]
     fn counts_and_exports_do_not_depend_on_an_earlier_read() {

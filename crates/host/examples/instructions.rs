@@ -26,13 +26,13 @@
 //! ```
 //! With `--cache-sim=yes` added, the `summary` line also counts first-level instruction-cache
 //! misses (its fourth number, `I1mr`; the `events:` line names them), which instruction counts
-//! do not show (the plugin's figures: docs/bench-history.md, session 25).
+//! do not show.
 //! `--smc-check` lets valgrind follow the code Cranelift writes at run time; `cg_diff` of two
 //! `--cachegrind-out-file`s splits the difference by function (the plugin's compiled code shows
 //! as `???`). `KVPAGES_PLUGIN=PATH` runs another component instead of the embedded one.
 //! Through the plugin, a state-changing workload's count includes the recovery snapshots the
 //! engine takes, which are scheduled by elapsed time, so it can move by a few percent between
-//! runs (switching them off changed the 2,000-save count by under 1 % in session 9);
+//! runs (switching them off changes the 2,000-save count by under 1 %);
 //! `exists` is never journaled. `allocate` never deletes: the key table grows from 16,384 to
 //! 16,384 + 32 × ITERATIONS keys, its growth included.
 //!

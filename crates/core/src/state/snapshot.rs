@@ -6,13 +6,11 @@
 //! it is rebuilt on restore. Encoding is deterministic, so equal states give equal bytes on
 //! every target, which is what the native-vs-plugin differential test compares.
 //!
-//! Version 2 (written since session 26) writes the two parts that grow with the state — the
-//! key table's slots and each pool's page states — as fixed-width little-endian records (a
-//! 32-hex key as its 16 bytes), and every other field in postcard, as version 1 wrote the
-//! whole image. Version 1 (a 32-hex key as its text, every number a varint) is still read.
-//! Measured at 10^6 stored keys (session 26): writing one took 130–220 ms through the plugin in
-//! version 1 and 53–64 ms in version 2, natively 75 → 40 ms (criterion's `take-snapshot`); the
-//! bytes grew 5 % (58.0 → 61.0 MB).
+//! Version 2 writes the two parts that grow with the state — the key table's slots and each
+//! pool's page states — as fixed-width little-endian records (a 32-hex key as its 16 bytes),
+//! and every other field in postcard, as version 1 wrote the whole image: about 2-3× faster to
+//! write through the plugin for 5 % more bytes (criterion's `take-snapshot` in `benches/core.rs`).
+//! Version 1 (a 32-hex key as its text, every number a varint) is still read.
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;

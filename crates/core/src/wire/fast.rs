@@ -263,9 +263,9 @@ fn text_key(s: &mut Scan<'_>) -> Option<Key> {
 }
 
 /// A key string into `key`, where its list keeps it: a 32-hex key is packed in place (built
-/// elsewhere and moved in, it went through the stack and back in pieces the CPU could not
-/// forward from the store: `batch_exists` of 1,250 keys decoded in 14.6 µs instead of 10.4 in
-/// session 20, and again at the packed bytes in session 29, see [`Key::pack_hex_into`]).
+/// elsewhere and moved in, it goes through the stack and back in pieces the CPU cannot
+/// forward from the store, ~40 % slower: criterion `decode/batch_exists-1250` in
+/// `benches/wire.rs`; see [`Key::pack_hex_into`]).
 #[inline(always)]
 fn key_in_place(s: &mut Scan<'_>, key: &mut Key) -> Option<()> {
     if let Key::Hex(dest) = key

@@ -4,7 +4,7 @@
 //! One buffer rather than a `Vec` of cloned commands: each clone's keys were a heap block kept
 //! alive until the next snapshot among the requests' short-lived allocations, and glibc's
 //! allocator then spent ~7 % of the server thread merging fragmented free chunks
-//! (`unlink_chunk`, `malloc_consolidate`; perf of the plugin's save/load cycle, session 10).
+//! (`unlink_chunk`, `malloc_consolidate`; `perf` of the plugin's save/load cycle).
 //!
 //! An entry is a tag byte, then:
 //! - [`FAST_ALLOCATE`], [`FAST_CONFIRM`], [`FAST_LOCATIONS`]: the clients' hot commands on the
@@ -57,7 +57,8 @@ impl Journal {
         let b = &mut self.buf;
         // All 32-hex keys: `packed` is 18 bytes each, the fast forms' key records. Each part
         // goes in whole (a header array, the keys, the pages as one block): field by field and
-        // page by page, the capacity checks cost ~200 instructions more a save (session 15).
+        // page by page, the capacity checks cost ~200 instructions more a save
+        // (`examples/instructions.rs`).
         match cmd {
             Command::Allocate { space: Space::Vllm, rank, keys }
             | Command::Locations { space: Space::Vllm, rank, keys }

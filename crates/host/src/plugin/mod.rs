@@ -29,9 +29,8 @@
 //! about `SNAPSHOT_RATIO` snapshot times at most, and snapshots cost ~1/`SNAPSHOT_RATIO` of the
 //! command time until the cap binds first. It does once a snapshot takes more than a
 //! `SNAPSHOT_RATIO`th of the time 4 Mi units take to apply (~0.5 s of saves): from a few hundred
-//! thousand stored keys on. Measured in the server under the bench's saves (up to 10^6 keys,
-//! session 26): snapshots took 9–10 % of the command time, pauses of up to ~50 ms (15–34 % and
-//! up to 200 ms before the core's snapshot format 2).
+//! thousand stored keys on. Measured in the server under the bench's saves (up to 10^6 keys):
+//! snapshots take 9–10 % of the command time, with pauses of up to ~50 ms.
 
 mod convert;
 mod journal;

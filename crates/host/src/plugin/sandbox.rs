@@ -288,7 +288,7 @@ impl Sandbox {
         static COMPONENT: OnceLock<Result<Component, String>> = OnceLock::new();
         static MODULE: OnceLock<Result<Option<wasmtime::Module>, String>> = OnceLock::new();
         let origin = "the embedded plugin";
-        // Compiled at each start (~1.2 s on a 2-CPU machine, session 28): no precompiled cache, which would
+        // Compiled at each start (~1.2 s on a 2-CPU machine): no precompiled cache, which would
         // mean trusting bytes on disk as native code (`deserialize` is unsafe).
         let compiled = |what: &str, start: std::time::Instant| {
             let ms = start.elapsed().as_millis() as u64;
