@@ -288,6 +288,12 @@ impl Sandbox {
         static COMPONENT: OnceLock<Result<Component, String>> = OnceLock::new();
         static MODULE: OnceLock<Result<Option<wasmtime::Module>, String>> = OnceLock::new();
         let origin = "the embedded plugin";
+        if super::EMBEDDED.is_empty() {
+            return Err("this kvpages was built without its wasm plugin (target/plugin/kvpages_plugin.wasm was \
+                        missing at build time): run `cargo xtask plugin` and build again (or `cargo xtask serve`), \
+                        or start it with `--engine native`"
+                .to_owned());
+        }
         // Compiled at each start (~1.2 s on a 2-CPU machine): no precompiled cache, which would
         // mean trusting bytes on disk as native code (`deserialize` is unsafe).
         let compiled = |what: &str, start: std::time::Instant| {
