@@ -349,7 +349,7 @@ fn bench_smoke(bin: &Path) -> Result<()> {
         .args(["bench", "--duration", "0.1", "--warmup", "0", "--concurrency", "2", "--json"])
         .arg(bench::smoke_json()))?;
     run(cargo().args(["bench", "-p", "kvpages-core", "--bench", "core", "--", "--test"]))?;
-    run(cargo().args(["bench", "-p", "kvpages-core", "--features", "wire", "--bench", "wire", "--", "--test"]))?;
+    run(cargo().args(["bench", "-p", "kvpages-wire", "--bench", "wire", "--", "--test"]))?;
     // The plugin's bench: one command through both engines, the canonical-ABI probe, and the
     // core's pool-size groups through the plugin engine.
     run(cargo().args(["bench", "-p", "kvpages-host", "--bench", "plugin", "--", "--test"]))

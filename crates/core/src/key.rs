@@ -75,7 +75,7 @@ impl Key {
     }
 
     /// The 16 bytes of a 32-character lowercase hex string; `None` for any other input.
-    pub(crate) fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
+    pub fn pack_hex(b: &[u8]) -> Option<[u8; 16]> {
         let b: &[u8; 32] = b.try_into().ok()?;
         let mut out = [0u8; 16];
         Self::pack_hex_into(b, &mut out).then_some(out)
@@ -87,7 +87,7 @@ impl Key {
     /// layout wants, stalled on the array's one 16-byte store (`perf annotate`: ~60 % of
     /// `key_into`'s samples on that reload).
     #[inline(always)]
-    pub(crate) fn pack_hex_into(b: &[u8; 32], out: &mut [u8; 16]) -> bool {
+    pub fn pack_hex_into(b: &[u8; 32], out: &mut [u8; 16]) -> bool {
         // Branch-free arithmetic over all 32 bytes (the compiler vectorizes it), one check at
         // the end: a byte that is neither '0'..='9' nor 'a'..='f' sets `bad`.
         let mut val = [0u8; 32];
@@ -114,14 +114,16 @@ impl Key {
     }
 }
 
-/// The 32 lowercase hex digits of a packed key.
-pub(crate) struct HexText([u8; 32]);
+/// The 32 lowercase hex digits of a packed key (for writers of keys as text: `Display`,
+/// snapshots, the wire's answers).
+#[derive(Clone, Copy, Debug)]
+pub struct HexText([u8; 32]);
 
 impl HexText {
     /// Four bytes at a time in a `u64` (no table lookups: on wasm each was a load, a bounds
     /// check and a store; snapshots write every stored key this way).
     #[inline(always)]
-    pub(crate) fn new(bytes: &[u8; 16]) -> HexText {
+    pub fn new(bytes: &[u8; 16]) -> HexText {
         const LOW: u64 = 0x000f_000f_000f_000f;
         const ONES: u64 = 0x0101_0101_0101_0101;
         let mut buf = [0u8; 32];
@@ -141,12 +143,12 @@ impl HexText {
     }
 
     /// The digits as bytes (no UTF-8 check: for writers of JSON).
-    #[cfg(feature = "wire")]
-    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
+    pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    /// The digits as text.
+    pub fn as_str(&self) -> &str {
         // Only ASCII hex digits: always UTF-8.
         core::str::from_utf8(&self.0).unwrap_or_default()
     }

@@ -18,19 +18,15 @@
 //!   versioned, deterministic bytes.
 //! - `state/view`: [`Core::page_map`] / [`Core::page_view`], read-only page views for viewers
 //!   (the browser simulator's page map).
-//! - `wire` (feature `wire`, needs std): the HTTP API's JSON — a request's method, path and
-//!   body into a [`Command`], the [`Reply`] or [`Error`] into the exact answer bytes, and the
-//!   error catalogue. The host and the browser simulator share it; the rules above never see
-//!   JSON.
+//!
+//! The HTTP API's JSON (a request into a [`Command`], a [`Reply`] or [`Error`] into the answer's
+//! bytes, the error catalogue) is the `kvpages-wire` crate's: this one knows no JSON and no HTTP.
 //!
 //! Every command costs O(batch): nothing scans or copies a free list or the key table.
 #![no_std]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 extern crate alloc;
-// For `wire` (which needs std); the rest of the crate uses core and alloc only.
-#[cfg(feature = "wire")]
-extern crate std;
 
 pub mod command;
 pub mod error;
@@ -39,15 +35,13 @@ mod keys;
 mod pool;
 mod slot_index;
 mod state;
-#[cfg(feature = "wire")]
-pub mod wire;
 
 pub use command::{
     Allocation, Command, ConfirmReport, Counters, Eviction, IgnoredRelease, InitOutcome, KeyInfo, Millis, RankStats,
     Refusal, Refused, Reply, Settings, SglangPool, Space, SpaceStats, Stats,
 };
 pub use error::{Error, PagePlace};
-pub use key::{Key, KeyError, MAX_KEY_LEN};
+pub use key::{HexText, Key, KeyError, MAX_KEY_LEN};
 pub use pool::{PageCounts, PoolOrder};
 pub use state::Core;
 #[cfg(feature = "serde")]

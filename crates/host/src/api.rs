@@ -1,13 +1,13 @@
 //! Error answers and JSON responses of the server's own routes.
 //!
 //! The catalogue itself — every [`ErrorCode`] with its status and `detail` template, checked
-//! against `docs/errors.md` — is `kvpages_core::wire`'s, shared with the browser simulator;
+//! against `docs/errors.md` — is `kvpages_wire`'s, shared with the browser simulator;
 //! answers of the core's routes arrive as [`Answer`]s and leave through [`answer_response`].
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-pub use kvpages_core::wire::ErrorCode;
-use kvpages_core::wire::{Answer, Failure};
+pub use kvpages_wire::ErrorCode;
+use kvpages_wire::{Answer, Failure};
 
 /// The HTTP status of `code`.
 pub fn status_of(code: ErrorCode) -> StatusCode {
@@ -61,7 +61,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// An answer of `kvpages_core::wire` as a response: JSON, or a bare 204.
+/// An answer of `kvpages_wire` as a response: JSON, or a bare 204.
 pub fn answer_response(answer: Answer) -> Response {
     let status = StatusCode::from_u16(answer.status).expect("wire answers carry valid statuses");
     if answer.body.is_empty() && status == StatusCode::NO_CONTENT {

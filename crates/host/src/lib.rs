@@ -6,9 +6,9 @@
 //! - [`connections`]: the accept loop and its limits (head and idle time limits, the connection
 //!   cap below the descriptor limit).
 //! - [`engine`]: the small interface the server drives, and the native engine behind it.
-//! - [`api`]: the host's own error answers (from the core's catalogue, `kvpages_core::wire::ErrorCode`)
+//! - [`api`]: the host's own error answers (from the core's catalogue, `kvpages_wire::ErrorCode`)
 //!   and JSON responses.
-//! - `routes`: every route of `kvpages_core::wire` (vLLM's, SGLang's, `/stats`, key inspection)
+//! - `routes`: every route of `kvpages_wire` (vLLM's, SGLang's, `/stats`, key inspection)
 //!   through one handler: body → `wire::parse` → [`kvpages_core::Command`] → engine →
 //!   `Pending::answer`; plus `/health`, SGLang's persistence file import and export.
 //! - `wire`: re-exports of the core's strict JSON decoding for the host's own formats.

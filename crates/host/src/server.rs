@@ -12,8 +12,8 @@ use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use kvpages_core::wire;
 use kvpages_core::{Command, Millis, Reply, Settings};
+use kvpages_wire as wire;
 use tokio::net::TcpListener;
 
 use crate::api::{ApiError, ErrorCode, answer_response};
@@ -535,7 +535,7 @@ pub fn build(config: ServeConfig, engine: Box<dyn Engine>) -> Result<(Router, Ha
     }
     Ok((
         routes
-            // The routes of `kvpages_core::wire` (the browser simulator's too): vLLM's, SGLang's,
+            // The routes of `kvpages_wire` (the browser simulator's too): vLLM's, SGLang's,
             // `/stats` and key inspection.
             .route("/rank/{rank}/initialize", post_route("initialize"))
             .route("/keys/batch_allocate", post_route("batch_allocate"))

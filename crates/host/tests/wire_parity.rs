@@ -1,4 +1,4 @@
-//! The server and `kvpages_core::wire` driven by hand (as the browser simulator drives it) give
+//! The server and `kvpages_wire` driven by hand (as the browser simulator drives it) give
 //! the same answers: the same requests go to a real server over HTTP and through `wire::parse` +
 //! `Core::apply` + `Pending::answer`, and status, body bytes and headers must agree — for valid
 //! requests of every route, malformed ones, and paths and methods the router does not take.
@@ -6,10 +6,10 @@
 mod common;
 
 use common::{Resp, SEED, Server, peer_settings};
-use kvpages_core::wire::{self, HostInfo, Parsed};
 use kvpages_core::{Core, Settings};
 use kvpages_host::engine::EngineKind;
 use kvpages_host::server::ServeConfig;
+use kvpages_wire::{self as wire, HostInfo, Parsed};
 
 /// No read leases, so `/admin/keys/{key}` shows no time-dependent figure.
 fn settings() -> Settings {

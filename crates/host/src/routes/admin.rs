@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use kvpages_core::wire::{self, HostInfo, Parsed};
 use kvpages_core::{Command, Reply, Space, Stats};
+use kvpages_wire::{self as wire, HostInfo, Parsed};
 use serde::Serialize;
 
 use super::{Ctx, fault, handle_async, handle_limited, unexpected};
@@ -109,7 +109,7 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
 }
 
 /// `GET /stats`: every space's pages by state per rank, keys, and event counters (encoded by
-/// `kvpages_core::wire`, with the engine, its traps and the uptime added). The body is not read.
+/// `kvpages_wire`, with the engine, its traps and the uptime added). The body is not read.
 pub(crate) async fn stats(State(app): State<App>) -> Response {
     let Parsed::Apply(pending) = wire::parse("GET", "/stats", b"") else { unreachable!("/stats is a wire route") };
     let deadline = Instant::now() + app.config.request_timeout;

@@ -1,5 +1,5 @@
 //! The routes. vLLM's and SGLang's data routes, `/stats` and `/admin/keys/{key}` go through
-//! `kvpages_core::wire` ([`serve`]): the request becomes a command, the engine applies it, the
+//! `kvpages_wire` ([`serve`]): the request becomes a command, the engine applies it, the
 //! wire module encodes the answer. The host adds what is its own: the body limits and deadline,
 //! engine faults (503), log lines. The shared plumbing (reading the body, logging rejections)
 //! lives here.
@@ -10,8 +10,8 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use kvpages_core::wire::{self, Answer, Parsed};
 use kvpages_core::{Command, Reply};
+use kvpages_wire::{self as wire, Answer, Parsed};
 
 use crate::api::{ApiError, ErrorCode, answer_response, status_of};
 use crate::engine::EngineError;
@@ -93,7 +93,7 @@ pub(crate) fn get_route(route: &'static str) -> MethodRouter<App> {
     get(move |State(app): State<App>, req: Request| serve(app, route, req))
 }
 
-/// A route of `kvpages_core::wire`: reads the body (bounded by `--max-body` and the request's
+/// A route of `kvpages_wire`: reads the body (bounded by `--max-body` and the request's
 /// deadline), parses it into a command, applies it, answers. Engine faults are the host's 503s;
 /// every error answer is logged with a body preview.
 pub(crate) async fn serve(app: App, route: &'static str, req: Request) -> Response {

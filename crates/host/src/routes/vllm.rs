@@ -1,4 +1,4 @@
-//! vLLM's HF3FS metadata routes: their JSON and rules are `kvpages_core::wire`'s (see
+//! vLLM's HF3FS metadata routes: their JSON and rules are `kvpages_wire`'s (see
 //! `protocol-vllm.md` in the project's notes, and `docs/errors.md`); the host adds the log lines
 //! an operator reads.
 

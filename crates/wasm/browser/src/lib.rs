@@ -2,7 +2,7 @@
 //!
 //! The page under `web/` (served by `kvpages serve` at `/simulator/`) drives a [`js::Simulator`]:
 //! a core, a simulated clock, seeded workload generators and the scenario log. Every request
-//! goes through the same wire rules as the server (`kvpages_core::wire`), so a command typed on
+//! goes through the same wire rules as the server (`kvpages_wire`), so a command typed on
 //! the page is accepted, refused and answered byte for byte as `kvpages serve` would; no
 //! allocator rule lives in JavaScript.
 //!

@@ -8,7 +8,8 @@
 
 use std::collections::VecDeque;
 
-use kvpages_core::{Core, Eviction, PageCounts, PageView, Reply, Settings, Space, wire};
+use kvpages_core::{Core, Eviction, PageCounts, PageView, Reply, Settings, Space};
+use kvpages_wire as wire;
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{Workload, WorkloadSpec};

@@ -6,10 +6,10 @@ use std::vec::Vec;
 use serde::Serialize;
 
 use super::{Answer, ErrorCode, Failure, HostInfo, Parsed, Shape, apply, unexpected, unexpected_refusal};
-use crate::command::{Command, Counters, Eviction, Reply, Space};
-use crate::error::Error;
-use crate::key::Key;
-use crate::pool::PageCounts;
+use kvpages_core::PageCounts;
+use kvpages_core::command::{Command, Counters, Eviction, Reply, Space};
+use kvpages_core::error::Error;
+use kvpages_core::key::Key;
 
 /// How `/stats` names a space: the family, and for SGLang the rank and namespace.
 fn space_name(space: &Space) -> (&'static str, Option<u32>, Option<&str>) {

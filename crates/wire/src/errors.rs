@@ -305,7 +305,7 @@ mod tests {
 
     #[test]
     fn every_error_is_documented() {
-        let docs = include_str!("../../../../docs/errors.md");
+        let docs = include_str!("../../../docs/errors.md");
         for (i, code) in ErrorCode::ALL.iter().enumerate() {
             assert_eq!(listed(*code), i, "ErrorCode::ALL is out of order or incomplete");
             let heading = format!("\n## {}\n", code.name());

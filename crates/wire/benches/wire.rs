@@ -1,17 +1,18 @@
-//! Criterion benchmarks of the HTTP API as data (`kvpages_core::wire`): decoding the bodies the
+//! Criterion benchmarks of the HTTP API as data (`kvpages_wire`): decoding the bodies the
 //! vLLM connector sends, and a whole request (decode, apply, encode) without the transport.
 //!
 //! `decode/fast` bodies are what the clients send; the `decode/full` bodies are the same with one
 //! unknown member added, which the fast path leaves to the full decoder (serde with the strict
 //! checks), so the two columns compare both decoders on the same keys in the same run.
-//! `cargo bench -p kvpages-core --features wire --bench wire -- --test` runs each once (CI).
+//! `cargo bench -p kvpages-wire --bench wire -- --test` runs each once (CI).
 
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kvpages_core::wire::{self, Parsed};
 use kvpages_core::{Core, Settings};
+use kvpages_wire::{self as wire, Parsed};
 
+#[path = "../../core/benches/common/mod.rs"]
 mod common;
 
 use common::key_text as key;

@@ -1,10 +1,10 @@
-//! The HTTP API through `kvpages_core::wire` without a server: each request goes through
+//! The HTTP API through `kvpages_wire` without a server: each request goes through
 //! `wire::parse`, `Core::apply` and `Pending::answer`, and the exact status and bytes are
 //! checked — the guarantee the browser simulator builds on (the server's own tests check the same
 //! answers over HTTP, `crates/host/tests/wire_parity.rs` checks both agree).
 
-use kvpages_core::wire::{self, ErrorCode, HostInfo, Parsed};
 use kvpages_core::{Command, Core, Eviction, Key, Reply, Settings, Space};
+use kvpages_wire::{self as wire, ErrorCode, HostInfo, Parsed};
 
 /// The peer's behaviour: no eviction, no quarantine (page numbers as vLLM's server gives them).
 fn peer_settings() -> Settings {

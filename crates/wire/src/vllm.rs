@@ -13,9 +13,9 @@ use serde::de::{self, MapAccess};
 use super::fast;
 use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
-use crate::command::{Allocation, Command, Reply, Space};
-use crate::error::Error;
-use crate::key::Key;
+use kvpages_core::command::{Allocation, Command, Reply, Space};
+use kvpages_core::error::Error;
+use kvpages_core::key::Key;
 
 const SPACE: Space = Space::Vllm;
 
@@ -294,7 +294,7 @@ fn allocated_json(rank: u32, keys: &[Key], results: &[Allocation]) -> Option<Vec
                 // instructions more a result).
                 let mut item = [0u8; 36];
                 item[..2].copy_from_slice(b"[\"");
-                item[2..34].copy_from_slice(crate::key::HexText::new(bytes).as_bytes());
+                item[2..34].copy_from_slice(kvpages_core::HexText::new(bytes).as_bytes());
                 item[34..].copy_from_slice(b"\",");
                 out.extend_from_slice(&item);
             }
@@ -471,7 +471,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::key::MAX_KEY_LEN;
+    use kvpages_core::key::MAX_KEY_LEN;
 
     /// Draws from proptest's own RNG, seeded by the case's seed.
     struct Gen(proptest::test_runner::TestRng);
@@ -664,7 +664,7 @@ mod tests {
         for v in values {
             push_u32(&mut out, v);
             out.push(b',');
-            want.push_str(&alloc::format!("{v},"));
+            want.push_str(&std::format!("{v},"));
         }
         assert_eq!(String::from_utf8(out).unwrap(), want);
     }

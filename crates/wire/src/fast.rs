@@ -15,7 +15,7 @@
 
 use std::vec::Vec;
 
-use crate::key::{Key, MAX_KEY_LEN};
+use kvpages_core::key::{Key, MAX_KEY_LEN};
 
 /// A cursor over a request body.
 struct Scan<'a> {
@@ -383,7 +383,7 @@ pub(super) fn confirm(b: &[u8]) -> Option<Confirm> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::string::String;
+    use std::string::String;
 
     /// The three list shapes `hex_items` reads.
     #[derive(Clone, Copy, Debug)]
@@ -439,7 +439,7 @@ mod tests {
     /// its keys (and pages), where the cursor ends and whether `hex_items` answered, checked
     /// against `list_into` alone.
     fn read(list: &str, shape: Shape) -> Option<Read> {
-        let body = alloc::format!("{list} }}");
+        let body = std::format!("{list} }}");
         let b = body.as_bytes();
         let plain = |k: Key| (k, 0);
         let w = match shape {
@@ -458,7 +458,7 @@ mod tests {
     }
 
     fn hex(n: u32) -> String {
-        alloc::format!("{n:032x}")
+        std::format!("{n:032x}")
     }
 
     #[test]
@@ -467,13 +467,13 @@ mod tests {
         let key = |n: u32| Key::parse(&hex(n)).unwrap();
         // The clients' spellings: compact (the bench's) and Python's `, ` (vLLM's).
         for (list, shape, want) in [
-            (alloc::format!("[\"{a}\",\"{b}\"]"), Shape::Keys, [0, 0]),
-            (alloc::format!(" [\"{a}\", \"{b}\"]"), Shape::Keys, [0, 0]),
-            (alloc::format!("[[\"{a}\",\"\"],[\"{b}\",\"\"]]"), Shape::Pairs, [0, 0]),
-            (alloc::format!("[[\"{a}\", \"\"], [\"{b}\", \"\"]]"), Shape::Pairs, [0, 0]),
-            (alloc::format!("[[\"{a}\",\"{b}\"],[\"{b}\", \"k\" ]]"), Shape::Pairs, [0, 0]),
-            (alloc::format!("[[\"{a}\",7],[\"{b}\",4294967295]]"), Shape::Pages, [7, u32::MAX]),
-            (alloc::format!("[[\"{a}\", 0], [\"{b}\", 12]]"), Shape::Pages, [0, 12]),
+            (std::format!("[\"{a}\",\"{b}\"]"), Shape::Keys, [0, 0]),
+            (std::format!(" [\"{a}\", \"{b}\"]"), Shape::Keys, [0, 0]),
+            (std::format!("[[\"{a}\",\"\"],[\"{b}\",\"\"]]"), Shape::Pairs, [0, 0]),
+            (std::format!("[[\"{a}\", \"\"], [\"{b}\", \"\"]]"), Shape::Pairs, [0, 0]),
+            (std::format!("[[\"{a}\",\"{b}\"],[\"{b}\", \"k\" ]]"), Shape::Pairs, [0, 0]),
+            (std::format!("[[\"{a}\",7],[\"{b}\",4294967295]]"), Shape::Pages, [7, u32::MAX]),
+            (std::format!("[[\"{a}\", 0], [\"{b}\", 12]]"), Shape::Pages, [0, 12]),
         ] {
             let (got, after, answered) = read(&list, shape).expect(&list);
             assert!(answered, "the key-list loop gave up on {list}");
@@ -487,13 +487,13 @@ mod tests {
         for sep in [",", ", "] {
             let n: Vec<u32> = (0..300).map(|i| i * 7_919 + 1).collect();
             let item = |i: u32, shape: Shape| match shape {
-                Shape::Keys => alloc::format!("\"{}\"", hex(i)),
-                Shape::Pairs => alloc::format!("[\"{}\"{sep}\"\"]", hex(i)),
-                Shape::Pages => alloc::format!("[\"{}\"{sep}{i}]", hex(i)),
+                Shape::Keys => std::format!("\"{}\"", hex(i)),
+                Shape::Pairs => std::format!("[\"{}\"{sep}\"\"]", hex(i)),
+                Shape::Pages => std::format!("[\"{}\"{sep}{i}]", hex(i)),
             };
             for shape in [Shape::Keys, Shape::Pairs, Shape::Pages] {
                 let items: Vec<String> = n.iter().map(|&i| item(i, shape)).collect();
-                let list = alloc::format!("[{}]", items.join(sep));
+                let list = std::format!("[{}]", items.join(sep));
                 let (got, after, answered) = read(&list, shape).expect(&list);
                 assert!(answered, "{shape:?} with {sep:?}");
                 let page = |i: u32| if matches!(shape, Shape::Pages) { i } else { 0 };
@@ -505,20 +505,20 @@ mod tests {
         let upper = hex(0xabcdef).to_uppercase();
         let mut taken = 0;
         for (list, shape) in [
-            (alloc::format!("[ \"{a}\"]"), Shape::Keys),
-            (alloc::format!("[\"{a}\" ,\"{b}\"]"), Shape::Keys),
-            (alloc::format!("[\"{a}\",\n\"{b}\"]"), Shape::Keys),
-            (alloc::format!("[\"{a}\",  \"{b}\"]"), Shape::Keys),
-            (alloc::format!("[\"{upper}\"]"), Shape::Keys),
+            (std::format!("[ \"{a}\"]"), Shape::Keys),
+            (std::format!("[\"{a}\" ,\"{b}\"]"), Shape::Keys),
+            (std::format!("[\"{a}\",\n\"{b}\"]"), Shape::Keys),
+            (std::format!("[\"{a}\",  \"{b}\"]"), Shape::Keys),
+            (std::format!("[\"{upper}\"]"), Shape::Keys),
             ("[\"k\"]".into(), Shape::Keys),
-            (alloc::format!("[\"{a}\"]"), Shape::Pairs),
-            (alloc::format!("[[\"{a}\",\"\"] ]"), Shape::Pairs),
-            (alloc::format!("[[\"{a}\",07]]"), Shape::Pages),
-            (alloc::format!("[[\"{a}\",4294967296]]"), Shape::Pages),
-            (alloc::format!("[[\"{a}\",1.5]]"), Shape::Pages),
-            (alloc::format!("[\"{a}\",]"), Shape::Keys),
-            (alloc::format!("[\"{a}\""), Shape::Keys),
-            (alloc::format!("\"{a}\""), Shape::Keys),
+            (std::format!("[\"{a}\"]"), Shape::Pairs),
+            (std::format!("[[\"{a}\",\"\"] ]"), Shape::Pairs),
+            (std::format!("[[\"{a}\",07]]"), Shape::Pages),
+            (std::format!("[[\"{a}\",4294967296]]"), Shape::Pages),
+            (std::format!("[[\"{a}\",1.5]]"), Shape::Pages),
+            (std::format!("[\"{a}\",]"), Shape::Keys),
+            (std::format!("[\"{a}\""), Shape::Keys),
+            (std::format!("\"{a}\""), Shape::Keys),
         ] {
             let read = read(&list, shape);
             assert!(read.as_ref().is_none_or(|r| !r.2), "{shape:?} {list}: the loop answered");

@@ -20,7 +20,7 @@ use std::vec::Vec;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::key::{Key, MAX_KEY_LEN};
+use kvpages_core::key::{Key, MAX_KEY_LEN};
 
 /// Decodes a whole request body, or says precisely why not.
 pub fn decode<T>(body: &[u8]) -> Result<T, String>

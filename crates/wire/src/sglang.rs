@@ -13,9 +13,9 @@ use serde::de::{self, MapAccess};
 
 use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
-use crate::command::{Command, Reply, Space};
-use crate::error::{Error, PagePlace};
-use crate::key::Key;
+use kvpages_core::command::{Command, Reply, Space};
+use kvpages_core::error::{Error, PagePlace};
+use kvpages_core::key::Key;
 
 /// The longest namespace accepted, in bytes (SGLang's are words like `kv`, `mamba`, `swa`).
 pub const MAX_NAMESPACE_LEN: usize = 256;

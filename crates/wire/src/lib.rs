@@ -1,4 +1,4 @@
-//! The HTTP API as data (feature `wire`): a request's method, path and body in, a [`Command`]
+//! kvpages-wire: the HTTP API of kvpages as data: a request's method, path and body in, a [`Command`]
 //! for the core, and the exact status and bytes of the answer out.
 //!
 //! The server (`kvpages-host`) and the browser simulator both go through here, so they accept
@@ -7,7 +7,8 @@
 //! engine, under a lock, with a log), and [`Pending::answer`] encodes the [`Reply`] or [`Error`].
 //!
 //! ```
-//! use kvpages_core::{Core, Settings, wire};
+//! use kvpages_core::{Core, Settings};
+//! use kvpages_wire as wire;
 //!
 //! let mut core = Core::new(7, Settings::default());
 //! let wire::Parsed::Apply(p) = wire::parse("POST", "/rank/0/initialize", br#"{"num_pages": 8}"#) else {
@@ -35,9 +36,9 @@ use std::vec::Vec;
 
 use serde::Serialize;
 
-use crate::command::{Command, Refusal, Refused, Reply};
-use crate::error::Error;
-use crate::key::Key;
+use kvpages_core::command::{Command, Refusal, Refused, Reply};
+use kvpages_core::error::Error;
+use kvpages_core::key::Key;
 
 mod admin;
 mod errors;
