@@ -196,3 +196,25 @@ def say(pytestconfig):
             print("\n" + msg, end="", flush=True)
 
     return _say
+
+
+def record_retries(client) -> list:
+    """Wraps a peer client's `requests` session so every response's urllib3 retry history is
+    kept (an empty history: the call succeeded at its first try)."""
+    histories = []
+    post = client._session.post
+
+    def recorded(*args, **kwargs):
+        r = post(*args, **kwargs)
+        histories.append(r.raw.retries.history if r.raw.retries is not None else ())
+        return r
+
+    client._session.post = recorded
+    return histories
+
+
+def metric(url: str, series: str) -> float:
+    """One series' value from `GET /metrics` (`series` as printed, labels included)."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    line = next(l for l in text.splitlines() if l.startswith(series + " "))
+    return float(line.rsplit(" ", 1)[1])

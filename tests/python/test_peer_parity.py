@@ -31,6 +31,7 @@ import pytest
 import requests
 
 import peer as peer_mod
+from conftest import metric, record_retries
 from peer import seeds_from_env, show_reply, show_request
 
 TP = 2
@@ -761,33 +762,13 @@ def test_differential_random_valid_input(peer, kv_url, seed, say):
 # --------------------------------------------------------------------------------------------
 
 
-def _metric(url: str, name: str) -> float:
-    text = requests.get(f"{url}/metrics", timeout=5).text
-    line = next(l for l in text.splitlines() if l.startswith(name + " "))
-    return float(line.rsplit(" ", 1)[1])
-
-
-def _recording_posts(client) -> list:
-    """Wraps the client's session so every response's urllib3 retry history is kept."""
-    histories = []
-    post = client._session.post
-
-    def recorded(*args, **kwargs):
-        r = post(*args, **kwargs)
-        histories.append(r.raw.retries.history if r.raw.retries is not None else ())
-        return r
-
-    client._session.post = recorded
-    return histories
-
-
 def test_vllm_client_reconnects_without_an_error_after_an_idle_close(peer, kvpages_server):
     """A short `--idle-timeout` closes vLLM's pooled connection between saves; vLLM's own client
     (requests + urllib3's pool) notices before reusing it, so every call succeeds at the first
     try: no error, no retry."""
     url = kvpages_server("--idle-timeout", "0.5")
     c = peer.require().module.Hf3fsGlobalMetadataClient(url)
-    histories = _recording_posts(c)
+    histories = record_retries(c)
     try:
         for rank in range(TP):
             c.initialize(rank, 64)
@@ -802,4 +783,4 @@ def test_vllm_client_reconnects_without_an_error_after_an_idle_close(peer, kvpag
     finally:
         c._session.close()
     assert len(histories) == 2 + 3 * 5 and all(h == () for h in histories), histories
-    assert _metric(url, 'kvpages_connections_closed_total{reason="idle"}') >= 3
+    assert metric(url, 'kvpages_connections_closed_total{reason="idle"}') >= 3

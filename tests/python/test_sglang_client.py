@@ -23,6 +23,7 @@ import pytest
 import requests
 
 import sglang_peer
+from conftest import metric, record_retries
 from sglang_peer import NOT_INITIALIZED, HiCache, Recorder
 
 OPS = ("initialize", "exists", "reserve_and_allocate_page_indices", "confirm_write", "delete_keys",
@@ -613,15 +614,7 @@ def test_the_client_reconnects_without_an_error_after_an_idle_close(sgl, kvpages
     (requests + urllib3's pool) notices before reusing it: every call succeeds at the first try."""
     url = kvpages_server("--idle-timeout", "0.5")
     c = sgl.Hf3fsGlobalMetadataClient(url)
-    histories = []
-    post = c._session.post
-
-    def recorded(*args, **kwargs):
-        r = post(*args, **kwargs)
-        histories.append(r.raw.retries.history if r.raw.retries is not None else ())
-        return r
-
-    c._session.post = recorded
+    histories = record_retries(c)
     keys = chain(6, "idle")
     try:
         c.initialize(0, 64)
@@ -635,6 +628,4 @@ def test_the_client_reconnects_without_an_error_after_an_idle_close(sgl, kvpages
     finally:
         c._session.close()
     assert len(histories) == 1 + 3 * 3 and all(h == () for h in histories), histories
-    text = requests.get(f"{url}/metrics", timeout=5).text
-    line = next(l for l in text.splitlines() if l.startswith('kvpages_connections_closed_total{reason="idle"}'))
-    assert float(line.rsplit(" ", 1)[1]) >= 3
+    assert metric(url, 'kvpages_connections_closed_total{reason="idle"}') >= 3

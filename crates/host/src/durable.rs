@@ -1203,17 +1203,24 @@ mod tests {
         d
     }
 
-    #[test]
-    fn records_survive_a_restart_and_a_torn_tail_is_cut() {
-        let d = tmp("torn");
+    /// A new data directory `name` whose log holds `records`, each appended at `now(i)` and
+    /// waited for.
+    fn logged(name: &str, mode: FsyncMode, records: u32, now: fn(u32) -> Millis) -> PathBuf {
+        let d = tmp(name);
         open_dir(&d).unwrap();
-        let log = Log::start(&d, FsyncMode::Always, 0).unwrap();
+        let log = Log::start(&d, mode, 0).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        for i in 0..10 {
-            let seq = log.append(u64::from(i) * 10, &cmd(i));
+        for i in 0..records {
+            let seq = log.append(now(i), &cmd(i));
             rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
         }
         log.close();
+        d
+    }
+
+    #[test]
+    fn records_survive_a_restart_and_a_torn_tail_is_cut() {
+        let d = logged("torn", FsyncMode::Always, 10, |i| u64::from(i) * 10);
         let rec = recover(&d).unwrap();
         assert_eq!(rec.records.len(), 10);
         assert_eq!((rec.last_seq(), rec.last_now()), (10, 90));
@@ -1434,15 +1441,8 @@ mod tests {
 
     #[test]
     fn snapshots_bound_the_log_and_a_damaged_snapshot_stops_the_start() {
-        let d = tmp("snap");
-        open_dir(&d).unwrap();
-        let log = Log::start(&d, FsyncMode::Interval(Duration::from_millis(5)), 0).unwrap();
+        let d = logged("snap", FsyncMode::Interval(Duration::from_millis(5)), 5, |_| 1);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        for i in 0..5 {
-            let seq = log.append(1, &cmd(i));
-            rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
-        }
-        log.close();
         write_snapshot(&d, 5, b"core bytes").unwrap();
         let log = Log::start(&d, FsyncMode::Always, 5).unwrap();
         let seq = log.append(2, &cmd(9));
@@ -1462,13 +1462,7 @@ mod tests {
 
     #[test]
     fn a_failed_snapshot_leaves_no_temporary_file_and_the_log_untouched() {
-        let d = tmp("snap-fail");
-        open_dir(&d).unwrap();
-        let log = Log::start(&d, FsyncMode::Always, 0).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let seq = log.append(1, &cmd(1));
-        rt.block_on(log.wait(seq, Instant::now() + Duration::from_secs(5))).unwrap();
-        log.close();
+        let d = logged("snap-fail", FsyncMode::Always, 1, |_| 1);
         // A directory where the snapshot goes: the rename fails after the file was written.
         fs::create_dir(d.join(snapshot_name(1))).unwrap();
         let err = write_snapshot(&d, 1, b"core bytes").unwrap_err();

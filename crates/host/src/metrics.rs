@@ -255,6 +255,8 @@ pub fn connection_closed(why: ConnectionClosed) {
     REGISTRY.connections_closed[why as usize].fetch_add(1, Ordering::Relaxed);
 }
 
+const PLUGIN_FAULTS_HELP: &str = "Malformed answers of the wasm plugin (each an engine fault; after one to a mutating command the instance is rebuilt).";
+
 /// Escapes a label value (`\`, `"` and newlines), as the format requires.
 fn escape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
@@ -397,40 +399,36 @@ fn render_process(out: &mut String, engine_traps: Option<u64>) {
     // hook [`plugin_trapped`]; whichever is wired up is right, so the larger one is.
     let traps = REGISTRY.plugin_traps.load(Ordering::Relaxed).max(engine_traps.unwrap_or(0));
     let _ = writeln!(out, "kvpages_plugin_traps_total {traps}");
-    header(
-        out,
-        "kvpages_plugin_faults_total",
-        "counter",
-        "Malformed answers of the wasm plugin (each an engine fault; \
-         after one to a mutating command the instance is rebuilt).",
-    );
-    let _ = writeln!(out, "kvpages_plugin_faults_total {}", REGISTRY.plugin_faults.load(Ordering::Relaxed));
     header(out, "kvpages_log_fsync_duration_seconds", "histogram", "Time one fsync of the write-ahead log took.");
     REGISTRY.fsync.render(out, "kvpages_log_fsync_duration_seconds", "");
-    header(out, "kvpages_log_bytes", "gauge", "Size of the write-ahead log on disk, in bytes.");
-    let _ = writeln!(out, "kvpages_log_bytes {}", REGISTRY.log_bytes.load(Ordering::Relaxed));
-    header(
-        out,
-        "kvpages_storage_up",
-        "gauge",
-        "1 while the write-ahead log writes (and always without a data directory), 0 during a storage fault.",
-    );
-    let _ = writeln!(out, "kvpages_storage_up {}", REGISTRY.storage_up.load(Ordering::Relaxed));
-    header(
-        out,
-        "kvpages_storage_write_failures_total",
-        "counter",
-        "Failed writes or fsyncs of the write-ahead log (every try during a fault).",
-    );
-    let _ = writeln!(
-        out,
-        "kvpages_storage_write_failures_total {}",
-        REGISTRY.storage_write_failures.load(Ordering::Relaxed)
-    );
-    header(out, "kvpages_snapshots_skipped_total", "counter", "Snapshots skipped: the disk had no room for them.");
-    let _ = writeln!(out, "kvpages_snapshots_skipped_total {}", REGISTRY.snapshots_skipped.load(Ordering::Relaxed));
-    header(out, "kvpages_connections_open", "gauge", "Client connections open now.");
-    let _ = writeln!(out, "kvpages_connections_open {}", REGISTRY.connections_open.load(Ordering::Relaxed));
+    let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+    let singles: [(&str, &str, &str, u64); 6] = [
+        ("kvpages_log_bytes", "gauge", "Size of the write-ahead log on disk, in bytes.", load(&REGISTRY.log_bytes)),
+        (
+            "kvpages_storage_up",
+            "gauge",
+            "1 while the write-ahead log writes (and always without a data directory), 0 during a storage fault.",
+            load(&REGISTRY.storage_up),
+        ),
+        (
+            "kvpages_storage_write_failures_total",
+            "counter",
+            "Failed writes or fsyncs of the write-ahead log (every try during a fault).",
+            load(&REGISTRY.storage_write_failures),
+        ),
+        (
+            "kvpages_snapshots_skipped_total",
+            "counter",
+            "Snapshots skipped: the disk had no room for them.",
+            load(&REGISTRY.snapshots_skipped),
+        ),
+        ("kvpages_connections_open", "gauge", "Client connections open now.", load(&REGISTRY.connections_open)),
+        ("kvpages_plugin_faults_total", "counter", PLUGIN_FAULTS_HELP, load(&REGISTRY.plugin_faults)),
+    ];
+    for (name, kind, help, value) in singles {
+        header(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
     header(
         out,
         "kvpages_connections_closed_total",
