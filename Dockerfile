@@ -10,7 +10,7 @@
 # a KVPAGES_* variable (`-e KVPAGES_WORLD_SIZE=8`) or after the image name
 # (`docker run ... kvpages serve --world-size 8`). The data routes carry no authentication
 # (neither does the peers' protocol): publish the port only on a trusted network, and use
-# KVPAGES_ALLOW / KVPAGES_ADMIN_TOKEN (README.md, "Exposure beyond loopback"). With -p, the
+# KVPAGES_ALLOW / KVPAGES_ADMIN_TOKEN (docs/operations.md, "Exposure beyond loopback"). With -p, the
 # server sees Docker's gateway address for clients from outside, so --allow cannot tell them
 # apart there; use --network host when --allow must see the real addresses.
 

@@ -156,9 +156,8 @@ fn report(out: &Path, docs: &Path) -> Result<()> {
     splice(&summary, "load", &load_table(&load))?;
     splice(&summary, "engines", &engines_table(&load))?;
     splice(&summary, "core", &core_table(&core))?;
-    let readme = root().join("README.md");
-    splice(&readme, "wasm-ratios", &wasm_ratio_table(&load))?;
-    println!("  updated the tables of {} and {}", summary.display(), readme.display());
+    splice(&summary, "wasm-ratios", &wasm_ratio_table(&load))?;
+    println!("  updated the tables of {}", summary.display());
     Ok(())
 }
 
@@ -315,7 +314,7 @@ fn core_table(core: &Value) -> String {
     s
 }
 
-/// README's table of the plugin's req/s over native's: workloads by concurrency.
+/// BENCHMARKS.md's table of the plugin's req/s over native's: workloads by concurrency.
 fn wasm_ratio_table(load: &Value) -> String {
     use std::fmt::Write;
     let concs = concurrencies(load);
@@ -989,7 +988,7 @@ mod tests {
         assert!(!core_rows.contains(" - |"), "every pool size has every group: {core_rows}");
     }
 
-    /// BENCHMARKS.md and README.md keep the markers `cargo xtask bench` writes its tables
+    /// BENCHMARKS.md keeps the markers `cargo xtask bench` writes its tables
     /// between, and hold the tables the committed JSON renders: a hand edit that drops a marker
     /// or changes a generated table fails here, not at the end of a 20-minute run.
     #[test]
@@ -1003,7 +1002,7 @@ mod tests {
             ("docs/BENCHMARKS.md", "load", load_table(&load)),
             ("docs/BENCHMARKS.md", "engines", engines_table(&load)),
             ("docs/BENCHMARKS.md", "core", core_table(&core)),
-            ("README.md", "wasm-ratios", wasm_ratio_table(&load)),
+            ("docs/BENCHMARKS.md", "wasm-ratios", wasm_ratio_table(&load)),
         ];
         for (file, name, table) in tables {
             let committed = std::fs::read_to_string(root().join(file)).unwrap();

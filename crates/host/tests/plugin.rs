@@ -496,8 +496,8 @@ fn the_default_memory_cap_is_wasm32s_maximum_and_a_tiny_cap_fails_at_start_up() 
     assert!(e.contains("memory"), "{e}");
 }
 
-/// What the plugin's memory holds per stored key (for the README's sizing of
-/// `--plugin-memory-mib`): 200k 32-hex keys on 2 ranks, committed, then a snapshot.
+/// What the plugin's memory holds per stored key (for the sizing of
+/// `--plugin-memory-mib` in docs/plugin.md): 200k 32-hex keys on 2 ranks, committed, then a snapshot.
 #[test]
 fn plugin_memory_per_key_is_bounded() {
     let mut p = PluginEngine::new(sandbox("kvpages_plugin.wasm", Limits::default()), 1, Settings::default()).unwrap();

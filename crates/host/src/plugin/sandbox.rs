@@ -51,7 +51,7 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 4 GiB (wasm32's maximum, so the plugin holds every state the native engine can, up to
-    /// that size: see README "The wasm plugin"); 1 s per call — a batch of 1,250 keys takes
+    /// that size: see docs/plugin.md, "Memory"); 1 s per call — a batch of 1,250 keys takes
     /// ~0.3 ms, so only a runaway call hits it, and the deadline is wall-clock time, so a thread
     /// descheduled on a loaded machine must not trip it —, 0.1 ms per key, 20 ms per MiB of state
     /// (snapshot/restore run at ~200 MiB/s, so 4x slack).
