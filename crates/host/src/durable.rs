@@ -447,7 +447,7 @@ impl Progress {
 
 /// Writes `dir/name` through a temporary file, fsynced, renamed, with the directory fsynced.
 fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
+    let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
     let mut f = File::create(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
@@ -1037,7 +1037,8 @@ impl<S: SegmentIo> Writer<S> {
     fn durable(&self) -> u64 {
         match self.mode {
             FsyncMode::Always => self.synced_last,
-            FsyncMode::Interval(_) => self.written_last.max(self.synced_last),
+            // Every synced record was written whole first.
+            FsyncMode::Interval(_) => self.written_last,
         }
     }
 

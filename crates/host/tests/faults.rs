@@ -50,27 +50,6 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Saves `key` on both ranks; the pages when both confirms were acknowledged, else the first
-/// failure's status and body.
-fn try_save(addr: SocketAddr, key: &str) -> Result<[i64; 2], (u16, String)> {
-    let mut pages = [0i64; 2];
-    for (rank, slot) in pages.iter_mut().enumerate() {
-        let (st, body) = post(addr, "/keys/batch_allocate", &format!(r#"{{"rank":{rank},"keys":[["{key}",""]]}}"#));
-        if st != 200 {
-            return Err((st, body));
-        }
-        let page = json(&body)["results"][0][1].as_i64().unwrap();
-        assert!(page >= 0, "the pool is large enough: {body}");
-        let confirm = format!(r#"{{"rank":{rank},"confirmations":[["{key}",{page}]]}}"#);
-        let (st, body) = post(addr, "/keys/confirm_write", &confirm);
-        if st != 204 {
-            return Err((st, body));
-        }
-        *slot = page;
-    }
-    Ok(pages)
-}
-
 fn detail(body: &str) -> String {
     json(body)["detail"].as_str().unwrap_or_default().to_owned()
 }

@@ -43,41 +43,34 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
         keys: u64,
         ranks: Vec<RankHealth>,
     }
-    if !app.is_ready() {
-        #[derive(Serialize)]
-        struct Recovering {
-            status: &'static str,
-            detail: &'static str,
-            engine: String,
-            uptime_seconds: f64,
-            recovered_records: u64,
-        }
-        let body = Recovering {
-            status: "recovering",
-            detail: ErrorCode::Recovering.template(),
+    /// `/health` while the server cannot serve: 503 with the status and why.
+    #[derive(Serialize)]
+    struct Unavailable {
+        status: &'static str,
+        detail: String,
+        engine: String,
+        uptime_seconds: f64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        recovered_records: Option<u64>,
+    }
+    let unavailable = |status, detail, recovered_records| {
+        let body = Unavailable {
+            status,
+            detail,
             engine: app.kind.to_string(),
             uptime_seconds: app.started.elapsed().as_secs_f64(),
-            recovered_records: app.recovered.load(std::sync::atomic::Ordering::Relaxed),
+            recovered_records,
         };
         let body = serde_json::to_vec(&body).expect("serializes");
-        return crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body);
+        crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body)
+    };
+    if !app.is_ready() {
+        let recovered = app.recovered.load(std::sync::atomic::Ordering::Relaxed);
+        return unavailable("recovering", ErrorCode::Recovering.template().to_owned(), Some(recovered));
     }
     if let Some(why) = app.storage_fault() {
-        #[derive(Serialize)]
-        struct Unavailable {
-            status: &'static str,
-            detail: String,
-            engine: String,
-            uptime_seconds: f64,
-        }
-        let body = Unavailable {
-            status: ErrorCode::StorageUnavailable.name(),
-            detail: ApiError::because(ErrorCode::StorageUnavailable, why).detail,
-            engine: app.kind.to_string(),
-            uptime_seconds: app.started.elapsed().as_secs_f64(),
-        };
-        let body = serde_json::to_vec(&body).expect("serializes");
-        return crate::api::json_bytes(axum::http::StatusCode::SERVICE_UNAVAILABLE, body);
+        let detail = ApiError::because(ErrorCode::StorageUnavailable, why).detail;
+        return unavailable(ErrorCode::StorageUnavailable.name(), detail, None);
     }
     let stats = match stats_now(&app).await {
         Ok(s) => s,

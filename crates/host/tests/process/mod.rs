@@ -116,24 +116,26 @@ pub fn assert_pages_add_up(addr: SocketAddr) {
 
 /// Saves `key` on both ranks as vLLM's workers do; `Some(pages)` when both confirms were acked.
 pub fn save(addr: SocketAddr, key: &str) -> Option<[i64; 2]> {
+    try_save(addr, key).ok()
+}
+
+/// [`save`], or the first reply that was not a success (an allocate's -1 counts as one).
+pub fn try_save(addr: SocketAddr, key: &str) -> Result<[i64; 2], (u16, String)> {
     let mut pages = [0i64; 2];
     for (rank, slot) in pages.iter_mut().enumerate() {
         let (st, body) = post(addr, "/keys/batch_allocate", &format!(r#"{{"rank":{rank},"keys":[["{key}",""]]}}"#));
-        if st != 200 {
-            return None;
-        }
-        let page = json(&body)["results"][0][1].as_i64()?;
-        if page < 0 {
-            return None;
-        }
-        let (st, _) =
-            post(addr, "/keys/confirm_write", &format!(r#"{{"rank":{rank},"confirmations":[["{key}",{page}]]}}"#));
+        // A cut connection (a kill) gives no body to read.
+        let answer = serde_json::from_str::<serde_json::Value>(&body).ok();
+        let page = answer.and_then(|a| a["results"][0][1].as_i64()).filter(|&p| st == 200 && p >= 0);
+        let Some(page) = page else { return Err((st, body)) };
+        let confirm = format!(r#"{{"rank":{rank},"confirmations":[["{key}",{page}]]}}"#);
+        let (st, body) = post(addr, "/keys/confirm_write", &confirm);
         if st != 204 {
-            return None;
+            return Err((st, body));
         }
         *slot = page;
     }
-    Some(pages)
+    Ok(pages)
 }
 
 pub fn locations(addr: SocketAddr, rank: u32, keys: &[String]) -> Vec<Option<i64>> {
