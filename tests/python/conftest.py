@@ -1,7 +1,7 @@
 """Fixtures: one `kvpages serve` process for the session, a clean state for every test.
 
 The binary is `$KVPAGES_BIN`, or `<repo>/target/debug/kvpages` where `<repo>` is two directories
-above this file. Build it first: `cargo build -p kvpages-host`.
+above this file. Build it first: `cargo build -p kvpages`.
 """
 
 import os
@@ -27,7 +27,7 @@ def _binary() -> Path:
         path = REPO_ROOT / path
     if not (path.is_file() and os.access(path, os.X_OK)):
         pytest.fail(
-            f"kvpages binary not found at {path}: run `cargo build -p kvpages-host` "
+            f"kvpages binary not found at {path}: run `cargo build -p kvpages` "
             "in the repo root or set KVPAGES_BIN",
             pytrace=False,
         )

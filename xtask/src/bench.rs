@@ -88,7 +88,7 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
     }
 
     step("build the release binary");
-    run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
+    run(cargo().args(["build", "--release", "-p", "kvpages"]))?;
     let bin = root().join("target/release/kvpages");
 
     step("the peer: vLLM 0.33.0's hf3fs_metadata_server.py");

@@ -20,6 +20,8 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 mod bench;
+#[cfg(test)]
+mod layers;
 mod plugin;
 mod simulator;
 
@@ -277,7 +279,7 @@ fn test() -> Result<()> {
     nostd_build()?;
 
     step("Rust: build and test the workspace");
-    run(cargo().args(["build", "-p", "kvpages-host", "--bin", "kvpages"]))?;
+    run(cargo().args(["build", "-p", "kvpages", "--bin", "kvpages"]))?;
     run(cargo().args(["build", "-p", "kvpages-wasm", "--bin", "kvpages-sim"]))?;
     let lines = run_capture(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     let (rust_passed, rust_failed) = count_cargo(&lines)?;
@@ -359,7 +361,7 @@ fn serve(args: &[String]) -> Result<()> {
     let route = plugin::build()?;
     simulator::build(route)?;
     step("build the release binary");
-    run(cargo().args(["build", "--release", "-p", "kvpages-host"]))?;
+    run(cargo().args(["build", "--release", "-p", "kvpages"]))?;
     step("kvpages serve");
     run(Command::new(root().join("target/release/kvpages")).arg("serve").args(args))
 }

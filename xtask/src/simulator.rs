@@ -109,7 +109,7 @@ pub(crate) fn build(route: Route) -> Result<()> {
         .arg(&optimised))?;
     std::fs::rename(&optimised, &wasm).map_err(|e| format!("{}: {e}", wasm.display()))?;
     println!("  wrote {} ({} bytes; {before} before wasm-opt)", wasm.display(), size(&wasm));
-    println!("  rebuild the server to embed it: cargo build -p kvpages-host");
+    println!("  rebuild the server to embed it: cargo build -p kvpages");
     Ok(())
 }
 

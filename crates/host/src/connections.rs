@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-use crate::metrics::ConnectionClosed;
+use crate::telemetry::ConnectionClosed;
 
 /// The limits on client connections (`--header-timeout`, `--idle-timeout`, `--max-connections`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,7 +286,7 @@ pub async fn serve(
         if table.len() >= limits.max_connections {
             if !table.evict_oldest_idle() {
                 tracing::debug!(%peer, "refused a connection: {} open, every one busy", limits.max_connections);
-                crate::metrics::connection_closed(ConnectionClosed::Refused);
+                crate::telemetry::connection_closed(ConnectionClosed::Refused);
                 drop(stream);
                 continue;
             }
@@ -305,7 +305,7 @@ pub async fn serve(
             close: Notify::new(),
         });
         table.open.lock().expect("connection table").insert(id, conn.clone());
-        crate::metrics::connections_open(1);
+        crate::telemetry::connections_open(1);
         let task = Connection {
             id,
             peer,
@@ -365,7 +365,7 @@ impl Connection {
                 () = self.conn.close.notified() => {
                     let why = self.conn.closing.load(Ordering::Acquire);
                     if let Some(&why) = why.checked_sub(1).and_then(|i| ConnectionClosed::ALL.get(usize::from(i))) {
-                        crate::metrics::connection_closed(why);
+                        crate::telemetry::connection_closed(why);
                         tracing::debug!(peer = %self.peer, ?why, "closing the connection");
                     }
                     break;
@@ -379,7 +379,7 @@ impl Connection {
             }
         }
         self.table.remove(self.id);
-        crate::metrics::connections_open(-1);
+        crate::telemetry::connections_open(-1);
     }
 }
 

@@ -39,7 +39,7 @@ static LOG_BYTES: AtomicU64 = AtomicU64::new(0);
 fn add_log_bytes(delta: i64) {
     let update = |cur: u64| Some((cur as i64 + delta).max(0) as u64);
     let old = LOG_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update).expect("always Some");
-    crate::metrics::set_log_bytes(update(old).expect("always Some"));
+    crate::telemetry::set_log_bytes(update(old).expect("always Some"));
 }
 
 /// When a record counts as durable.
@@ -835,7 +835,7 @@ impl Log {
             .sum();
         LOG_BYTES.store(0, Ordering::Relaxed);
         add_log_bytes(existing as i64);
-        crate::metrics::set_storage_up(true);
+        crate::telemetry::set_storage_up(true);
         let (files, len) = Files::open(dir, last_seq + 1).map_err(|e| format!("{}: {e}", dir.display()))?;
         let writer = Writer::new(files, mode, SEGMENT_BYTES, len, last_seq, add_log_bytes);
         let s = shared.clone();
@@ -952,7 +952,7 @@ impl SegmentIo for Files {
     fn sync(&mut self) -> io::Result<()> {
         let t = Instant::now();
         self.file.sync_data()?;
-        crate::metrics::observe_fsync(t.elapsed());
+        crate::telemetry::observe_fsync(t.elapsed());
         Ok(())
     }
     fn set_len(&mut self, len: u64) -> io::Result<()> {
@@ -1140,7 +1140,7 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
                         e.since.elapsed().as_secs_f64(),
                         e.tries
                     );
-                    crate::metrics::set_storage_up(true);
+                    crate::telemetry::set_storage_up(true);
                 }
                 let durable = w.durable();
                 shared.mark.send_if_modified(|m| {
@@ -1150,7 +1150,7 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
                 });
             }
             Err(err) => {
-                crate::metrics::storage_write_failed();
+                crate::telemetry::storage_write_failed();
                 let why: Arc<str> = format!("{}: {err}", w.io.name()).into();
                 match &mut episode {
                     Some(e) => {
@@ -1162,7 +1162,7 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
                             "storage: writing the log failed ({why}); writes answer 503 storage-unavailable until \
                              it works again, retrying"
                         );
-                        crate::metrics::set_storage_up(false);
+                        crate::telemetry::set_storage_up(false);
                         episode = Some(Episode { since: Instant::now(), tries: 1, backoff: RETRY_FIRST });
                     }
                 }

@@ -8,7 +8,7 @@ use std::fmt;
 use kvpages_core::{Command, Core, Millis, Reply, Settings};
 
 /// Which engine runs the core.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineKind {
     /// `kvpages-core` compiled to a WebAssembly component, run in a wasmtime sandbox (the
     /// default: a fault in the core is contained, see `plugin`).
@@ -23,6 +23,18 @@ impl fmt::Display for EngineKind {
             EngineKind::Native => "native",
             EngineKind::Wasm => "wasm",
         })
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    /// `wasm` or `native`, in any case.
+    fn from_str(s: &str) -> Result<EngineKind, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "wasm" => Ok(EngineKind::Wasm),
+            "native" => Ok(EngineKind::Native),
+            _ => Err(format!("the engine is `wasm` or `native`, not '{s}'")),
+        }
     }
 }
 

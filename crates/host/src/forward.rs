@@ -18,28 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use clap::Args;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::api::ErrorCode;
-
-/// Flags of `kvpages forward`.
-#[derive(Debug, Args)]
-pub struct ForwardArgs {
-    /// Address to listen on: vLLM's client dials localhost:18000.
-    #[arg(long, env = "KVPAGES_FORWARD_LISTEN", default_value = "127.0.0.1:18000")]
-    pub listen: SocketAddr,
-    /// The metadata server, `http://HOST:PORT` (a name is resolved on every new connection).
-    #[arg(long, env = "KVPAGES_FORWARD_TO")]
-    pub to: String,
-    /// Seconds to wait for the server to accept a connection before answering 502.
-    #[arg(long, env = "KVPAGES_FORWARD_CONNECT_TIMEOUT", default_value = "3", value_parser = crate::cli::parse_seconds)]
-    pub connect_timeout: Duration,
-    /// Log filter: error, warn (server unreachable), info, debug (one line per connection).
-    #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
-    pub log: String,
-}
 
 /// Where the forwarder sends connections: `HOST:PORT` of `http://HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,32 +182,9 @@ pub async fn run(
     }
 }
 
-/// `kvpages forward`.
-pub fn main(args: ForwardArgs) -> Result<(), String> {
-    crate::cli::init_logging(&args.log)?;
-    let target: Target = args.to.parse()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let listener =
-            TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        run(listener, target, args.connect_timeout, crate::server::shutdown_signal()).await.map_err(|e| e.to_string())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flags() {
-        use clap::Parser;
-        let cli = crate::cli::Cli::try_parse_from(["kvpages", "forward", "--to", "http://10.0.0.5:18000"]).unwrap();
-        let crate::cli::Cmd::Forward(args) = cli.command else { panic!("not forward") };
-        if std::env::var_os("KVPAGES_FORWARD_LISTEN").is_none() {
-            assert_eq!(args.listen, "127.0.0.1:18000".parse().unwrap(), "vLLM dials localhost:18000");
-        }
-        assert_eq!(args.to.parse::<Target>().unwrap().port, 18000);
-    }
 
     #[test]
     fn targets() {

@@ -1,39 +1,39 @@
-//! kvpages-host: the axum + tokio server that runs `kvpages-core` behind vLLM's HF3FS routes.
+//! kvpages-host: the axum + tokio server that runs `kvpages-core` behind vLLM's and SGLang's
+//! HF3FS routes. The `kvpages` binary (`crates/cli`) parses the flags into a
+//! [`config::ServeConfig`] and runs it; the load generator (`crates/bench`) starts it in-process.
 //!
-//! # Layout
-//! - [`cli`]: the `kvpages` command line (flags, `KVPAGES_*` environment variables, logging).
-//! - [`server`]: builds the router, the per-request guard (time bound, request log) and runs it.
-//! - [`connections`]: the accept loop and its limits (head and idle time limits, the connection
-//!   cap below the descriptor limit).
-//! - [`engine`]: the small interface the server drives, and the native engine behind it.
-//! - [`api`]: the host's own error answers (from the core's catalogue, `kvpages_wire::ErrorCode`)
-//!   and JSON responses.
-//! - `routes`: every route of `kvpages_wire` (vLLM's, SGLang's, `/stats`, key inspection)
-//!   through one handler: body → `wire::parse` → [`kvpages_core::Command`] → engine →
-//!   `Pending::answer`; plus `/health`, SGLang's persistence file import and export.
-//! - `wire`: re-exports of the core's strict JSON decoding for the host's own formats.
-//! - [`bench`](mod@bench): `kvpages bench`, the load generator (and its transport-only floor route).
-//! - [`client`]: a small keep-alive HTTP/1.1 client for loopback servers.
-//! - [`metrics`]: `GET /metrics` (Prometheus text format) and the recording functions.
-//! - [`access`]: `--allow` (client address allowlist) and `--admin-token`.
-//! - [`forward`]: `kvpages forward`, the per-node TCP forwarder to the one server.
-//! - `simulator`: `/simulator/`, the browser simulator's page and wasm module (embedded).
+//! # Layout, by layer (a module uses only the layers below it)
+//! - Leaves: [`telemetry`] (the process's figures and their `/metrics` exposition), [`runtime`]
+//!   (worker threads, logging, the shutdown signal), [`api`] (error answers from the wire
+//!   crate's catalogue, JSON responses), [`client`] (a keep-alive HTTP/1.1 client for loopback
+//!   servers).
+//! - Engines and storage: [`engine`] (the interface the app drives, and the native engine),
+//!   [`plugin`] (the wasm engine: the core as a sandboxed component), [`durable`] (the
+//!   write-ahead log, snapshots, recovery), `sglang_file` (SGLang's persistence file).
+//! - [`config`]: what `kvpages serve` is told; [`access`] (`--allow`, `--admin-token`) and
+//!   [`connections`] (the accept loop and its limits).
+//! - [`app`]: the engine behind its lock with the log beside it: apply, recover, snapshot.
+//! - `routes`: every route of `kvpages_wire` through one handler (body → `wire::parse` →
+//!   command → [`app::App::apply`] → answer), plus `/health`, `/metrics`, SGLang's file import
+//!   and export, and `/simulator/`.
+//! - [`server`]: the router over the routes, the request log, the run loop. [`forward`]:
+//!   `kvpages forward`, the per-node TCP forwarder to the one server.
 //!
 //! Requests are parsed and validated outside the engine lock; the lock is held only while the
 //! core applies the command.
 
 pub mod access;
 pub mod api;
-pub mod bench;
-pub mod cli;
+pub mod app;
 pub mod client;
+pub mod config;
 pub mod connections;
 pub mod durable;
 pub mod engine;
 pub mod forward;
-pub mod metrics;
 pub mod plugin;
 mod routes;
+pub mod runtime;
 pub mod server;
-mod simulator;
-mod wire;
+mod sglang_file;
+pub mod telemetry;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{Resp, Server};
-use kvpages_host::server::ServeConfig;
+use kvpages_host::config::ServeConfig;
 
 const INIT: &str = "Invalid initialization parameters";
 const KEYS: &str = "Invalid request format: need 'rank' and 'keys'";

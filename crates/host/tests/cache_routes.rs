@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Server, config};
-use kvpages_host::server::ServeConfig;
+use kvpages_host::config::ServeConfig;
 
 fn default_server() -> Server {
     // The shipped defaults: LRU eviction, 5 s read leases, quarantine = TTL.

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvpages_core::{Command, Eviction, Key, Millis, Settings, SglangPool, Space};
+use kvpages_host::config::ServeConfig;
 use kvpages_host::durable::{self, FsyncMode, Log};
 use kvpages_host::engine::{Engine, EngineKind, NativeEngine};
-use kvpages_host::server::{self, ServeConfig};
 
 const SEED: u64 = 0x6b76_7061_6765_7331;
 /// The snapshot is taken after this many records.
@@ -214,7 +214,7 @@ fn recover(dir: &Path, kind: EngineKind) -> Box<dyn Engine> {
     assert_eq!(rec.last_seq(), script().len() as u64);
     let config = ServeConfig { engine: kind, ..ServeConfig::default() };
     let mut replayed = 0;
-    let engine = server::replay(&config, &rec, 1, &mut |n| replayed = n).unwrap();
+    let engine = kvpages_host::app::replay(&config, &rec, 1, &mut |n| replayed = n).unwrap();
     assert_eq!(replayed, rec.records.len() as u64);
     engine
 }
@@ -313,54 +313,4 @@ fn write_golden() {
     let mut engine = recover(&dir, EngineKind::Native);
     let expected = out.join(format!("format-{}.expected.json", durable::FORMAT_VERSION));
     std::fs::write(expected, state(&mut *engine)).unwrap();
-}
-
-#[test]
-fn kvpages_serve_starts_on_the_format_1_golden_directory() {
-    use std::io::{Read, Write};
-    let dir = tmp("serve");
-    copy_dir(&golden().join("format-1"), &dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    /// Kills the server however the test ends.
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvpages"))
-        .args(["serve", "--port", &port.to_string(), "--engine", "native", "--log", "warn", "--data-dir"])
-        .arg(&dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = Killed(child);
-    let post = |path: &str, body: &str| -> Option<(u16, String)> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .ok()?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).ok()?;
-        let (head, body) = raw.split_once("\r\n\r\n")?;
-        Some((head.get(9..12)?.parse().ok()?, body.to_owned()))
-    };
-    let body = r#"{"rank":0,"keys":["00000000000000000000000000000001","00000000000000000000000000000002","layer-0/block 7"]}"#;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let got = loop {
-        match post("/keys/get_locations", body) {
-            Some((200, b)) => break b,
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            other => panic!("kvpages did not serve the golden directory: {other:?}"),
-        }
-    };
-    // As format-1.expected.json says: key 1 on page 0, key 2 deleted, the verbatim key on page 2.
-    assert_eq!(got, r#"{"locations":[0,null,2]}"#);
-    drop(child);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

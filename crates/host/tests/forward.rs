@@ -7,10 +7,12 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use kvpages_host::app::build_engine;
 use kvpages_host::client::Client;
+use kvpages_host::config::ServeConfig;
 use kvpages_host::engine::EngineKind;
 use kvpages_host::forward::{self, Target};
-use kvpages_host::server::{ServeConfig, build_engine, router, run};
+use kvpages_host::server::{router, run};
 
 /// A thread with a tokio runtime running `fut`'s server until the handle is dropped.
 struct Running {

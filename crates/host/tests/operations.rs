@@ -4,7 +4,7 @@ mod common;
 
 use common::{Server, config};
 use kvpages_host::access::{Access, parse_allow};
-use kvpages_host::server::ServeConfig;
+use kvpages_host::config::ServeConfig;
 
 /// The value of the sample `series` (exact text before the value), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {

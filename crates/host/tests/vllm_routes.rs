@@ -237,7 +237,7 @@ fn initializing_with_another_size_drops_the_keys_on_every_rank() {
 
 #[test]
 fn a_world_size_refuses_ranks_outside_it_and_completeness_needs_all_of_it() {
-    let s = Server::start(kvpages_host::server::ServeConfig {
+    let s = Server::start(kvpages_host::config::ServeConfig {
         settings: Settings { world_size: Some(2), ..common::peer_settings() },
         ..config()
     });
@@ -511,7 +511,7 @@ fn of_two_writers_of_one_new_key_the_first_confirm_wins() {
 
 #[test]
 fn an_expired_reservation_is_refused() {
-    let s = Server::start(kvpages_host::server::ServeConfig {
+    let s = Server::start(kvpages_host::config::ServeConfig {
         settings: Settings { reservation_ttl: 100, ..common::peer_settings() },
         ..config()
     });

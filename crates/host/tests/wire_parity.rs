@@ -7,8 +7,8 @@ mod common;
 
 use common::{Resp, SEED, Server, peer_settings};
 use kvpages_core::{Core, Settings};
+use kvpages_host::config::ServeConfig;
 use kvpages_host::engine::EngineKind;
-use kvpages_host::server::ServeConfig;
 use kvpages_wire::{self as wire, HostInfo, Parsed};
 
 /// No read leases, so `/admin/keys/{key}` shows no time-dependent figure.

@@ -1,4 +1,5 @@
-//! Helpers shared by the core's integration tests: a tiny seeded PRNG and a checked driver.
+//! Helpers shared by the core's integration tests: the seeded generator, the seeds to run and a
+//! checked driver.
 #![allow(dead_code)]
 
 use kvpages_core::{
@@ -6,52 +7,8 @@ use kvpages_core::{
     Settings, Space, Stats,
 };
 
-/// splitmix64: tiny, seedable, good enough to drive scenarios; every seed replays exactly.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0); the modulo bias is irrelevant for test input.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    pub fn below_u32(&mut self, n: u32) -> u32 {
-        self.below(u64::from(n)) as u32
-    }
-
-    pub fn index(&mut self, len: usize) -> usize {
-        self.below(len as u64) as usize
-    }
-
-    /// True with probability `percent`/100.
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.index(items.len())]
-    }
-
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.index(i + 1);
-            items.swap(i, j);
-        }
-    }
-}
+#[allow(unused_imports)]
+pub use kvpages_rng::Rng;
 
 /// The seeds a randomized test runs: `KVPAGES_SEED` (decimal or 0x-hex) if set, else `default`,
 /// followed by `fixed`.

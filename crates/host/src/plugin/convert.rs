@@ -676,8 +676,8 @@ mod tests {
         let mut seen = Seen::default();
         let mut totals = kv::Counters::default();
         for seed in 0..40 {
-            let mut rng = crate::bench::Rng::new(seed);
-            let mut n = |below: u64| rng.below(below as usize) as u64;
+            let mut rng = kvpages_rng::Rng::new(seed);
+            let mut n = |below: u64| rng.below(below);
             let settings = kv::Settings {
                 eviction: if seed % 2 == 0 { kv::Eviction::Lru } else { kv::Eviction::Off },
                 ..kv::Settings::default()

@@ -199,7 +199,7 @@ impl PluginEngine {
     /// Counts and logs a trap, then rebuilds the instance from the snapshot and the journal.
     fn contain(&mut self, trap: &Trap, during: &str) -> bool {
         self.traps += 1;
-        crate::metrics::plugin_trapped();
+        crate::telemetry::plugin_trapped();
         tracing::error!(
             kind = trap.kind(),
             during,
@@ -246,7 +246,7 @@ impl Engine for PluginEngine {
                 // journal does not hold: the instance is rebuilt from the snapshot and the
                 // journal, so its state stays the one recovery would give.
                 self.faults += 1;
-                crate::metrics::plugin_faulted();
+                crate::telemetry::plugin_faulted();
                 let mutating = cmd.is_mutating();
                 tracing::error!(command = convert::name(cmd), faults = self.faults, rebuild = mutating, "{why}");
                 if mutating {

@@ -66,7 +66,7 @@ impl Default for Limits {
 }
 
 /// Which way the host calls into the plugin (`--plugin-calls`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Calls {
     /// The direct entry point when the component's core module has it, else the WIT interface.
     #[default]

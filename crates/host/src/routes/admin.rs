@@ -1,4 +1,5 @@
-//! The operator's routes: `GET /health`, `GET /stats`, SGLang's file import and export.
+//! The operator's routes: `GET /health`, `GET /stats`, `GET /metrics`, SGLang's file import and
+//! export.
 //! (`GET /admin/keys/{key}` is a wire route, see `routes::serve`.)
 
 use std::time::Instant;
@@ -11,8 +12,8 @@ use serde::Serialize;
 
 use super::{Ctx, fault, handle_async, handle_limited, unexpected};
 use crate::api::{ApiError, ErrorCode, answer_response, json_ok};
+use crate::app::App;
 use crate::engine::EngineError;
-use crate::server::App;
 
 async fn stats_now(app: &App) -> Result<Box<Stats>, ApiError> {
     let deadline = Instant::now() + app.config.request_timeout;
@@ -21,6 +22,30 @@ async fn stats_now(app: &App) -> Result<Box<Stats>, ApiError> {
         Ok(other) => Err(unexpected(&other)),
         Err(e) => Err(fault(e)),
     }
+}
+
+/// `GET /metrics`. The core's figures come from the engine (within `--request-timeout`); while
+/// it cannot answer (recovering, busy) the process figures are still served, with
+/// `kvpages_engine_up 0`, so a scrape never fails for the engine's sake.
+pub(crate) async fn metrics(State(app): State<App>) -> Response {
+    let deadline = Instant::now() + app.config.request_timeout;
+    let stats = match app.apply(&Command::Stats, deadline).await {
+        Ok(Reply::Stats(s)) => Some(s),
+        Ok(other) => {
+            tracing::error!("/metrics: unexpected reply {other:?}");
+            None
+        }
+        Err(e) => {
+            tracing::debug!("/metrics: the engine did not answer: {e:?}");
+            None
+        }
+    };
+    let traps = tokio::time::timeout_at(deadline.into(), app.engine_traps()).await.ok();
+    let body = crate::telemetry::render(stats.as_deref(), traps, &app.kind.to_string(), app.started.elapsed());
+    let mut resp = (axum::http::StatusCode::OK, body).into_response();
+    resp.headers_mut()
+        .insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static(crate::telemetry::CONTENT_TYPE));
+    resp
 }
 
 /// `GET /health`: engine, uptime, and the vLLM space's page counts per rank.
@@ -137,7 +162,7 @@ pub(crate) async fn import_sglang(State(app): State<App>, req: Request) -> Respo
     handle_limited(app, "import_sglang", req, IMPORT_MAX_BODY, async |cx: Ctx<'_>| {
         let start = Instant::now();
         let pools =
-            super::sglang_file::parse(cx.body).map_err(|why| ApiError::because(ErrorCode::ImportInvalid, why))?;
+            crate::sglang_file::parse(cx.body).map_err(|why| ApiError::because(ErrorCode::ImportInvalid, why))?;
         match cx.apply(&Command::ImportSglang { pools, replace }).await {
             Ok(Reply::Imported { pools, keys, leaked_pages }) => {
                 let seconds = start.elapsed().as_secs_f64();
@@ -165,7 +190,7 @@ pub(crate) async fn import_sglang(State(app): State<App>, req: Request) -> Respo
 pub(crate) async fn export_sglang(State(app): State<App>, req: Request) -> Response {
     handle_async(app, "export_sglang", req, async |cx: Ctx<'_>| match cx.apply(&Command::ExportSglang).await {
         Ok(Reply::SglangPools(pools)) => {
-            Ok(crate::api::json_bytes(axum::http::StatusCode::OK, super::sglang_file::render(&pools)))
+            Ok(crate::api::json_bytes(axum::http::StatusCode::OK, crate::sglang_file::render(&pools)))
         }
         Ok(other) => Err(unexpected(&other)),
         Err(e) => Err(fault(e)),

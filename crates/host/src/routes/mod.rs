@@ -14,12 +14,11 @@ use kvpages_core::{Command, Reply};
 use kvpages_wire::{self as wire, Answer, Parsed};
 
 use crate::api::{ApiError, ErrorCode, answer_response, status_of};
+use crate::app::App;
 use crate::engine::EngineError;
-use crate::server::App;
 
 pub(crate) mod admin;
-pub(crate) mod sglang;
-pub(crate) mod sglang_file;
+pub(crate) mod simulator;
 pub(crate) mod vllm;
 
 /// How many bytes of a rejected body the warning shows.
@@ -81,6 +80,28 @@ pub(crate) async fn handle(
     f: impl FnOnce(&App, &str, &[u8]) -> Result<Response, ApiError>,
 ) -> Response {
     handle_async(app, route, req, async move |cx: Ctx<'_>| f(cx.app, cx.path, cx.body)).await
+}
+
+/// A `POST` route added from outside the server ([`crate::server::build_with`]; the load
+/// generator's floor): its body is read like every route's (`--max-body`, the request's
+/// deadline, the same log lines), then `answer` gets the query string and the body.
+pub struct ExtraRoute {
+    pub(crate) path: &'static str,
+    pub(crate) method: MethodRouter<App>,
+}
+
+impl ExtraRoute {
+    /// `POST path`, `name` naming it in logs.
+    pub fn post<F>(path: &'static str, name: &'static str, answer: F) -> ExtraRoute
+    where
+        F: Fn(Option<&str>, &[u8]) -> Response + Clone + Send + Sync + 'static,
+    {
+        let method = post(move |State(app): State<App>, req: Request| {
+            let query = req.uri().query().map(str::to_owned);
+            handle(app, name, req, move |_, _, body| Ok(answer(query.as_deref(), body)))
+        });
+        ExtraRoute { path, method }
+    }
 }
 
 /// `POST path` answered by the wire module, `route` naming it in logs.

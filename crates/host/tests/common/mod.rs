@@ -11,7 +11,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use kvpages_host::server::{ServeConfig, build_engine, router, run};
+use kvpages_host::app::build_engine;
+use kvpages_host::config::ServeConfig;
+use kvpages_host::server::{router, run};
 
 /// The hasher seed handed to the engine (replies never depend on it).
 pub const SEED: u64 = 0x006b_7670_6167_6573;

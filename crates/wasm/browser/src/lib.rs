@@ -17,7 +17,5 @@ pub mod js;
 pub mod sim;
 pub mod workload;
 
-mod rng;
-
 pub use sim::{Config, Scenario, Sim, SimError, SimStats};
 pub use workload::WorkloadSpec;

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::rng::{Rng, mix};
+use kvpages_rng::{Rng, mix};
 
 /// Which pattern a workload follows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,14 +1,17 @@
-//! The `kvpages` command line: every flag also reads a `KVPAGES_*` environment variable.
+//! The `kvpages` command line: every flag also reads a `KVPAGES_*` environment variable. The
+//! flags become the library's plain configurations here (`kvpages_host::config::ServeConfig`,
+//! `kvpages_bench::Options`), so clap stays in the binary.
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use kvpages_bench::{Options, TargetSpec, Workload};
 use kvpages_core::{Eviction, Settings};
-
-use crate::engine::EngineKind;
-use crate::server::{self, ServeConfig};
+use kvpages_host::config::{DurableConfig, PluginConfig, ServeConfig};
+use kvpages_host::engine::EngineKind;
+use kvpages_host::plugin::Calls;
 
 /// kvpages: a KV-cache page metadata server for vLLM's and SGLang's HF3FS connectors.
 #[derive(Debug, Parser)]
@@ -26,7 +29,7 @@ pub enum Cmd {
     Serve(ServeArgs),
     /// Measure a server: the vLLM clients' workloads over keep-alive HTTP/1.1 on loopback,
     /// each beside a transport-only floor measured in the same run (or `--memory`).
-    Bench(crate::bench::BenchArgs),
+    Bench(BenchArgs),
     /// Print a running server's `/stats` (pages by state per rank, keys, counters).
     Stats(QueryArgs),
     /// Print what a running server knows about one key (`/admin/keys/KEY`).
@@ -38,7 +41,7 @@ pub enum Cmd {
     ExportSglang(ExportArgs),
     /// Forward a local port (vLLM dials localhost:18000) to the one metadata server of a
     /// multi-node deployment.
-    Forward(crate::forward::ForwardArgs),
+    Forward(ForwardArgs),
 }
 
 /// Flags of `kvpages import-sglang`.
@@ -75,8 +78,9 @@ pub struct QueryArgs {
 }
 
 impl QueryArgs {
-    async fn connect(&self) -> Result<crate::client::Client, String> {
-        let client = crate::client::Client::connect_url(&self.url).await.map_err(|e| format!("{}: {e}", self.url))?;
+    pub async fn connect(&self) -> Result<kvpages_host::client::Client, String> {
+        let client =
+            kvpages_host::client::Client::connect_url(&self.url).await.map_err(|e| format!("{}: {e}", self.url))?;
         client.bearer(self.admin_token.as_deref()).map_err(|e| format!("--admin-token: {e}"))
     }
 }
@@ -103,8 +107,8 @@ pub struct ServeArgs {
     /// Engine that runs the core: `wasm`, the core as a WebAssembly component in a wasmtime
     /// sandbox (a fault in it fails one request and is contained), or `native`, the core
     /// compiled into the server.
-    #[arg(long, env = "KVPAGES_ENGINE", value_enum, default_value_t = EngineKind::Wasm)]
-    pub engine: EngineKind,
+    #[arg(long, env = "KVPAGES_ENGINE", value_enum, default_value_t = EngineArg::Wasm)]
+    pub engine: EngineArg,
     /// With `--engine wasm`: run this component instead of the embedded one. It must implement
     /// the WIT world kvpages:engine/plugin@0.2.0 (wit/kvpages.wit) and import nothing; checked at
     /// start-up.
@@ -127,8 +131,8 @@ pub struct ServeArgs {
     /// the fastest way) and else through its WIT interface; `direct`, refuse a component
     /// without it; `wit`, always the WIT interface (as any other component-model host would).
     /// Same sandbox and limits either way.
-    #[arg(long, env = "KVPAGES_PLUGIN_CALLS", value_enum, default_value_t = crate::plugin::Calls::Auto)]
-    pub plugin_calls: crate::plugin::Calls,
+    #[arg(long, env = "KVPAGES_PLUGIN_CALLS", value_enum, default_value_t = CallsArg::Auto)]
+    pub plugin_calls: CallsArg,
     /// TP world size: a key is complete when ranks 0..N-1 all confirmed it, and ranks >= N are
     /// refused (409). Without it, the world is the set of initialized worker ranks.
     #[arg(long, env = "KVPAGES_WORLD_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
@@ -174,7 +178,7 @@ pub struct ServeArgs {
     /// requests; survives power loss), or `interval=MS` = once the OS has the record (survives a
     /// kvpages crash; a power loss loses up to MS of acknowledged changes).
     #[arg(long, env = "KVPAGES_FSYNC", default_value = "always")]
-    pub fsync: crate::durable::FsyncMode,
+    pub fsync: kvpages_host::durable::FsyncMode,
     /// Take a snapshot (and drop older log segments) after this many log records...
     #[arg(long, env = "KVPAGES_SNAPSHOT_EVERY", default_value_t = 1_000_000)]
     pub snapshot_every: u64,
@@ -187,8 +191,8 @@ pub struct ServeArgs {
     pub import_sglang: Option<std::path::PathBuf>,
     /// Serve only clients whose address is in one of these blocks (comma-separated CIDRs, e.g.
     /// 127.0.0.1/32,10.0.0.0/8); others get 403. Default: every client that reaches the port.
-    #[arg(long, env = "KVPAGES_ALLOW", value_parser = crate::access::parse_allow)]
-    pub allow: Option<crate::access::AllowList>,
+    #[arg(long, env = "KVPAGES_ALLOW", value_parser = kvpages_host::access::parse_allow)]
+    pub allow: Option<kvpages_host::access::AllowList>,
     /// Require `Authorization: Bearer TOKEN` for /clear, /keys/delete, SGLang's clear and
     /// delete_keys, and /admin/* (401 without it). Prefer the environment variable: a flag's value
     /// is visible to every user in `ps`.
@@ -225,6 +229,174 @@ pub enum EvictionArg {
     Off,
 }
 
+/// `--engine` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineArg {
+    /// `kvpages-core` compiled to a WebAssembly component, run in a wasmtime sandbox (a fault
+    /// in the core is contained).
+    Wasm,
+    /// `kvpages-core` compiled into the server.
+    Native,
+}
+
+impl From<EngineArg> for EngineKind {
+    fn from(e: EngineArg) -> EngineKind {
+        match e {
+            EngineArg::Wasm => EngineKind::Wasm,
+            EngineArg::Native => EngineKind::Native,
+        }
+    }
+}
+
+/// `--plugin-calls` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CallsArg {
+    /// The direct entry point when the component's core module has it, else the WIT interface.
+    Auto,
+    /// The direct entry point; a component without it is refused.
+    Direct,
+    /// The WIT interface, always (what any other component-model host uses).
+    Wit,
+}
+
+impl From<CallsArg> for Calls {
+    fn from(c: CallsArg) -> Calls {
+        match c {
+            CallsArg::Auto => Calls::Auto,
+            CallsArg::Direct => Calls::Direct,
+            CallsArg::Wit => Calls::Wit,
+        }
+    }
+}
+
+/// Flags of `kvpages bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Measure the server at this loopback URL (http://127.0.0.1:PORT) instead of an
+    /// in-process one. It is cleared (POST /clear) repeatedly: pass --wipe to allow that.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Also measure this loopback server (e.g. vLLM's hf3fs_metadata_server.py) on the same
+    /// workloads, right after kvpages, and print kvpages/peer ratios. Needs --wipe.
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Name of the --peer server in the results.
+    #[arg(long, default_value = "vllm-0.33.0-python")]
+    pub peer_name: String,
+    /// Allow the bench to clear the --url and --peer servers' state.
+    #[arg(long)]
+    pub wipe: bool,
+    /// Workloads to run (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',', value_parser = workload_parser())]
+    pub workload: Vec<Workload>,
+    /// Concurrent connections (comma-separated list: one measurement each).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub concurrency: Vec<usize>,
+    /// Seconds each run of a measurement lasts (after its warm-up).
+    #[arg(long, default_value = "3", value_parser = parse_seconds)]
+    pub duration: Duration,
+    /// Seconds each --peer measurement runs (default: --duration).
+    #[arg(long, value_parser = parse_seconds)]
+    pub peer_duration: Option<Duration>,
+    /// Warm-up seconds before each measurement (not counted; 0 for none).
+    #[arg(long, default_value = "0.5", value_parser = parse_warmup)]
+    pub warmup: Duration,
+    /// Runs of each measurement; kvpages, floor and peer alternate run by run, and the runs
+    /// are pooled (requests and seconds add up, latency samples merge).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Runs of each --peer measurement (default: --repeat).
+    #[arg(long)]
+    pub peer_repeat: Option<u32>,
+    /// Stop each run after this many requests, if the duration has not ended it first.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Measure memory instead of load: RSS per stored key at --memory-keys 32-hex keys on one
+    /// rank, and the time and RSS of initializing a 10^8-page rank.
+    #[arg(long)]
+    pub memory: bool,
+    /// Keys stored by --memory.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub memory_keys: u32,
+    /// Worker threads of the in-process server, and as many for the generator (default: half
+    /// the CPUs each, at least 1: the two sides split the machine instead of both competing
+    /// for every core; `kvpages serve`'s default too).
+    #[arg(long, value_parser = parse_threads)]
+    pub threads: Option<usize>,
+    /// Log filter of the in-process server.
+    #[arg(long, default_value = "error")]
+    pub log: String,
+    /// In-process servers to measure, comma-separated: `ENGINE` (in memory) or `ENGINE/FSYNC`
+    /// (durable, `--fsync FSYNC`), e.g. `native,wasm,native/always,native/interval=10`. The
+    /// first is the reference (`kvpages` in the results, compared with the floor and the peer);
+    /// every other is also reported as a ratio to it. Runs alternate target by target. Default:
+    /// the default engine (`wasm`) in memory. Not with --url.
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Vec<TargetSpec>,
+    /// Where durable --targets keep their state: a fresh subdirectory each, emptied first and
+    /// removed at the end.
+    #[arg(long, default_value = "target/bench/data")]
+    pub data_dir: PathBuf,
+}
+
+/// `--workload` values: the workloads' own names.
+fn workload_parser() -> impl clap::builder::TypedValueParser<Value = Workload> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(Workload::ALL.map(Workload::name))
+        .map(|name| name.parse::<Workload>().expect("a possible value"))
+}
+
+/// Seconds of warm-up: 0 for none, or a positive number.
+fn parse_warmup(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" { Ok(Duration::ZERO) } else { parse_seconds(s) }
+}
+
+impl From<BenchArgs> for Options {
+    fn from(a: BenchArgs) -> Options {
+        Options {
+            url: a.url,
+            peer: a.peer,
+            peer_name: a.peer_name,
+            wipe: a.wipe,
+            workload: a.workload,
+            concurrency: a.concurrency,
+            duration: a.duration,
+            peer_duration: a.peer_duration,
+            warmup: a.warmup,
+            repeat: a.repeat,
+            peer_repeat: a.peer_repeat,
+            requests: a.requests,
+            json: a.json,
+            memory: a.memory,
+            memory_keys: a.memory_keys,
+            threads: a.threads,
+            log: a.log,
+            targets: a.targets,
+            data_dir: a.data_dir,
+        }
+    }
+}
+
+/// Flags of `kvpages forward`.
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    /// Address to listen on: vLLM's client dials localhost:18000.
+    #[arg(long, env = "KVPAGES_FORWARD_LISTEN", default_value = "127.0.0.1:18000")]
+    pub listen: SocketAddr,
+    /// The metadata server, `http://HOST:PORT` (a name is resolved on every new connection).
+    #[arg(long, env = "KVPAGES_FORWARD_TO")]
+    pub to: String,
+    /// Seconds to wait for the server to accept a connection before answering 502.
+    #[arg(long, env = "KVPAGES_FORWARD_CONNECT_TIMEOUT", default_value = "3", value_parser = parse_seconds)]
+    pub connect_timeout: Duration,
+    /// Log filter: error, warn (server unreachable), info, debug (one line per connection).
+    #[arg(long, env = "KVPAGES_LOG", default_value = "info")]
+    pub log: String,
+}
+
 /// Parses a share of a pool in `(0, 1]`.
 pub fn parse_share(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
@@ -259,10 +431,10 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
 impl ServeArgs {
     /// The connection limits these flags describe; a cap at or above the descriptor limit is
     /// kept (the operator's choice) with a warning, since accepting can then run out.
-    fn connections(&self) -> crate::connections::Limits {
+    pub fn connections(&self) -> kvpages_host::connections::Limits {
         let max_connections = match self.max_connections {
             Some(n) => {
-                if let Some(limit) = crate::connections::descriptor_limit().filter(|&l| n >= l) {
+                if let Some(limit) = kvpages_host::connections::descriptor_limit().filter(|&l| n >= l) {
                     tracing::warn!(
                         "--max-connections {n} is at or above the descriptor limit ({limit}, ulimit -n): the \
                          server may run out of descriptors before the cap; it then closes idle connections"
@@ -270,9 +442,9 @@ impl ServeArgs {
                 }
                 n.min(usize::MAX as u64) as usize
             }
-            None => crate::connections::default_max_connections(),
+            None => kvpages_host::connections::default_max_connections(),
         };
-        crate::connections::Limits {
+        kvpages_host::connections::Limits {
             header_timeout: self.header_timeout,
             idle_timeout: self.idle_timeout,
             max_connections,
@@ -286,20 +458,22 @@ impl ServeArgs {
         }
         let ms = |d: Duration| d.as_millis().min(u128::from(u64::MAX)) as u64;
         let reservation_ttl = ms(self.reservation_ttl).max(1);
-        let limits = crate::plugin::Limits {
+        let limits = kvpages_host::plugin::Limits {
             memory: self.plugin_memory_mib << 20,
             call: self.plugin_budget,
-            ..crate::plugin::Limits::default()
+            ..kvpages_host::plugin::Limits::default()
         };
-        if self.plugin.is_some() && self.engine != EngineKind::Wasm {
+        let engine = self.engine.into();
+        let calls = self.plugin_calls.into();
+        if self.plugin.is_some() && engine != EngineKind::Wasm {
             return Err("--plugin needs --engine wasm".into());
         }
         let plugin = match &self.plugin {
-            Some(path) => crate::server::PluginConfig::from_file(path, limits, self.plugin_calls)?,
-            None => crate::server::PluginConfig { loaded: None, limits, calls: self.plugin_calls },
+            Some(path) => PluginConfig::from_file(path, limits, calls)?,
+            None => PluginConfig { loaded: None, limits, calls },
         };
         Ok(ServeConfig {
-            engine: self.engine,
+            engine,
             plugin,
             max_body: self.max_body,
             request_timeout: self.request_timeout,
@@ -315,13 +489,13 @@ impl ServeArgs {
                 evict_high_permille: (self.evict_high * 1000.0).round() as u16,
                 evict_low_permille: (self.evict_low * 1000.0).round() as u16,
             },
-            durability: (!self.in_memory).then(|| crate::server::DurableConfig {
+            durability: (!self.in_memory).then(|| DurableConfig {
                 dir: self.data_dir.clone(),
                 fsync: self.fsync,
                 snapshot_every: self.snapshot_every.max(1),
                 snapshot_interval: self.snapshot_interval,
             }),
-            access: crate::access::Access {
+            access: kvpages_host::access::Access {
                 allow: self.allow.clone(),
                 admin_token: match self.admin_token.as_deref() {
                     Some("") => return Err("--admin-token is empty".into()),
@@ -329,203 +503,49 @@ impl ServeArgs {
                 },
             },
             connections: self.connections(),
-            bench_floor: false,
         })
     }
 }
 
-pub(crate) fn init_logging(filter: &str) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| format!("--log '{filter}': {e}"))?;
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init()
-        .map_err(|e| e.to_string())
-}
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use kvpages_host::access::parse_allow;
 
-/// Entry point of the binary.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Cmd::Serve(args) => serve(args),
-        Cmd::Bench(args) => crate::bench::main(args),
-        Cmd::Stats(args) => query(&args, "/stats".to_owned()),
-        Cmd::Inspect(args) => query(&args.server, format!("/admin/keys/{}", percent_encode(&args.key))),
-        Cmd::ImportSglang(args) => import_sglang(&args),
-        Cmd::ExportSglang(args) => export_sglang(&args),
-        Cmd::Forward(args) => crate::forward::main(args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kvpages: {e}");
-            ExitCode::FAILURE
-        }
+    use super::*;
+
+    /// The flags as `kvpages serve` parses them (and their variables).
+    #[test]
+    fn serve_flags() {
+        let cli = Cli::try_parse_from([
+            "kvpages",
+            "serve",
+            "--in-memory",
+            "--allow",
+            "127.0.0.1/32,10.0.0.0/8",
+            "--admin-token",
+            "t0k",
+        ])
+        .unwrap();
+        let Cmd::Serve(args) = cli.command else { panic!("not serve") };
+        let access = args.config().unwrap().access;
+        assert_eq!(access.allow, Some(parse_allow("127.0.0.1/32,10.0.0.0/8").unwrap()));
+        assert_eq!(access.admin_token.as_deref(), Some("t0k"));
+        let bad = Cli::try_parse_from(["kvpages", "serve", "--allow", "10.0.0.0/40"]);
+        assert!(bad.unwrap_err().to_string().contains("prefix length"));
+        let open = Cli::try_parse_from(["kvpages", "serve", "--in-memory"]).unwrap();
+        let Cmd::Serve(args) = open.command else { panic!("not serve") };
+        let from_env = ["KVPAGES_ALLOW", "KVPAGES_ADMIN_TOKEN"].iter().any(|v| std::env::var_os(v).is_some());
+        assert!(args.config().unwrap().access.is_open() || from_env);
     }
-}
 
-fn serve(args: ServeArgs) -> Result<(), String> {
-    init_logging(&args.log)?;
-    let config = args.config()?;
-    let threads = args.threads.unwrap_or_else(server::default_threads);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name(server::SERVER_THREAD)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
-            .parse()
-            .map_err(|e| format!("--host {} --port {}: {e}", args.host, args.port))?;
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let seed = random_seed();
-        let engine = server::try_build_engine(&config, seed)?;
-        tracing::info!(
-            engine = %config.engine,
-            threads,
-            world_size = ?config.settings.world_size,
-            max_body = config.max_body,
-            request_timeout = ?config.request_timeout,
-            reservation_ttl_ms = config.settings.reservation_ttl,
-            "starting"
-        );
-        let limits = config.connections;
-        let (router, handle) = server::build(config, engine)?;
-        // Serve at once (503 `recovering` until the state is back), recover meanwhile.
-        let serving = tokio::spawn(server::run_with(listener, router, limits, server::shutdown_signal()));
-        let started = match &args.import_sglang {
-            Some(path) => match handle.start(seed).await {
-                Ok(()) => handle.import_sglang(path).await,
-                Err(e) => Err(e),
-            },
-            None => handle.start(seed).await,
-        };
-        if let Err(e) = started {
-            serving.abort();
-            return Err(e);
+    #[test]
+    fn forward_flags() {
+        let cli = Cli::try_parse_from(["kvpages", "forward", "--to", "http://10.0.0.5:18000"]).unwrap();
+        let Cmd::Forward(args) = cli.command else { panic!("not forward") };
+        if std::env::var_os("KVPAGES_FORWARD_LISTEN").is_none() {
+            assert_eq!(args.listen, "127.0.0.1:18000".parse().unwrap(), "vLLM dials localhost:18000");
         }
-        let result = serving.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string());
-        handle.stop().await;
-        result
-    })
-}
-
-fn bracket_v6(host: &str) -> String {
-    if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_owned() }
-}
-
-/// A seed for the core's hash tables (the core has no randomness of its own).
-fn random_seed() -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(0x006b_7670_6167_6573_u64)
-}
-
-/// `GET path` on a running server; prints the JSON body, fails on an error status.
-fn query(args: &QueryArgs, path: String) -> Result<(), String> {
-    let url = &args.url;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let mut client = args.connect().await?;
-        let resp = client.get(&path).await.map_err(|e| format!("{url}{path}: {e}"))?;
-        let text = String::from_utf8_lossy(&resp.body);
-        let pretty = serde_json::from_slice::<serde_json::Value>(&resp.body)
-            .ok()
-            .and_then(|v| serde_json::to_string_pretty(&v).ok())
-            .unwrap_or_else(|| text.into_owned());
-        if (200..300).contains(&resp.status) {
-            println!("{pretty}");
-            Ok(())
-        } else {
-            Err(format!("{url}{path} answered {}: {pretty}", resp.status))
-        }
-    })
-}
-
-/// Escapes everything but unreserved characters, for a key in a URL path.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+        assert_eq!(args.to.parse::<kvpages_host::forward::Target>().unwrap().port, 18000);
     }
-    out
-}
-
-fn import_sglang(args: &ImportArgs) -> Result<(), String> {
-    let body = std::fs::read(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
-    eprintln!("kvpages: sending {} ({} bytes) to {}", args.file.display(), body.len(), args.server.url);
-    let path = if args.replace { "/admin/import/sglang?replace=true" } else { "/admin/import/sglang" };
-    let url = &args.server.url;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let mut client = args.server.connect().await?;
-        let started = std::time::Instant::now();
-        // The server does the work (its log shows the parsing progress); say every second that
-        // it is still going, so a large import does not look hung.
-        let post = client.post(path, body);
-        tokio::pin!(post);
-        let every = Duration::from_secs(1);
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        let resp = loop {
-            tokio::select! {
-                resp = &mut post => break resp,
-                _ = tick.tick() => eprintln!(
-                    "kvpages: import: the server is still importing, {:.0} s (its log shows the progress)",
-                    started.elapsed().as_secs_f64()
-                ),
-            }
-        };
-        let resp = resp.map_err(|e| format!("{url}{path}: {e}"))?;
-        let text = String::from_utf8_lossy(&resp.body);
-        if (200..300).contains(&resp.status) {
-            if let Some(line) = import_summary(&resp.body) {
-                eprintln!("kvpages: {line}");
-            }
-            println!("{text}");
-            Ok(())
-        } else {
-            Err(format!("{url}{path} answered {}: {text}", resp.status))
-        }
-    })
-}
-
-/// The final line of an import, from the server's reply
-/// (`{"pools":P,"keys":K,"leaked_pages":L,"seconds":S}`).
-fn import_summary(body: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let (pools, keys, leaked, secs) =
-        (v["pools"].as_u64()?, v["keys"].as_u64()?, v["leaked_pages"].as_u64()?, v["seconds"].as_f64()?);
-    Some(format!(
-        "import: done, {keys} keys of {pools} pools in {secs:.2} s ({:.0} keys/s), {leaked} leaked pages made free",
-        keys as f64 / secs.max(1e-9)
-    ))
-}
-
-fn export_sglang(args: &ExportArgs) -> Result<(), String> {
-    let url = &args.server.url;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let body = rt.block_on(async {
-        let mut client = args.server.connect().await?;
-        let resp = client.get("/admin/export/sglang").await.map_err(|e| format!("{url}: {e}"))?;
-        if (200..300).contains(&resp.status) {
-            Ok(resp.body)
-        } else {
-            Err(format!("{url}/admin/export/sglang answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body)))
-        }
-    })?;
-    // Written beside the target and renamed, so a crash never leaves half a file.
-    let tmp = args.file.with_extension("tmp");
-    std::fs::write(&tmp, &body)
-        .and_then(|()| std::fs::rename(&tmp, &args.file))
-        .map_err(|e| format!("{}: {e}", args.file.display()))?;
-    eprintln!("kvpages: wrote {} ({} bytes)", args.file.display(), body.len());
-    Ok(())
 }

@@ -33,114 +33,96 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::response::Response;
-use clap::Args;
+use kvpages_core::Eviction;
+use kvpages_host::api::{json_bytes, no_content};
+use kvpages_host::app::try_build_engine;
+use kvpages_host::client::{Client, loopback_addr};
+use kvpages_host::config::{DurableConfig, ServeConfig};
+use kvpages_host::durable::FsyncMode;
+use kvpages_host::engine::EngineKind;
+use kvpages_host::runtime::{SERVER_THREAD, default_threads};
+use kvpages_host::server::{self, ExtraRoute};
 use serde::Serialize;
 
-#[cfg(test)]
-pub(crate) use self::workload::Rng;
 pub use self::workload::Workload;
 use self::workload::{Fixture, KeyGen, Mode, Run, Tally, Worker};
-use crate::api::{json_bytes, no_content};
-use crate::client::{Client, loopback_addr};
-use crate::durable::FsyncMode;
-use crate::engine::EngineKind;
-use crate::server::{self, App, DurableConfig, ServeConfig};
-use kvpages_core::Eviction;
 
-/// The floor route: registered only when [`ServeConfig::bench_floor`] is set.
+/// The floor route's path.
 pub const FLOOR_PATH: &str = "/bench/floor";
 
+/// The largest reply the floor sends.
+const MAX_FLOOR_REPLY: usize = 16 * 1024 * 1024;
+
 /// `POST /bench/floor?reply=N`: reads the body like every route, answers `N` bytes (204 when
-/// `N` is 0) without looking at the body or the engine.
-pub(crate) async fn floor(State(app): State<App>, req: Request) -> Response {
-    let n = req.uri().query().and_then(|q| q.strip_prefix("reply=")).and_then(|n| n.parse::<usize>().ok());
-    let n = n.unwrap_or(0).min(app.config.max_body);
-    crate::routes::handle(app, "bench_floor", req, move |_, _, _body| {
+/// `N` is 0) without looking at the body or the engine. The in-process server registers it
+/// beside the real routes ([`server::build_with`]).
+pub fn floor_route() -> ExtraRoute {
+    ExtraRoute::post(FLOOR_PATH, "bench_floor", |query, _body| {
+        let n = query.and_then(|q| q.strip_prefix("reply=")).and_then(|n| n.parse::<usize>().ok());
+        let n = n.unwrap_or(0).min(MAX_FLOOR_REPLY);
         if n == 0 {
-            return Ok(no_content());
+            return no_content();
         }
         // A JSON string of n bytes, so the reply is well-formed JSON like the real ones.
         let mut reply = vec![b'x'; n];
         reply[0] = b'"';
         reply[n - 1] = b'"';
-        Ok(json_bytes(StatusCode::OK, reply))
+        json_bytes(StatusCode::OK, reply)
     })
-    .await
 }
 
-/// Flags of `kvpages bench`.
-#[derive(Debug, Args)]
-pub struct BenchArgs {
+/// What `kvpages bench` measures and how (its flags; `kvpages bench --help` has the defaults).
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Measure the server at this loopback URL (http://127.0.0.1:PORT) instead of an
     /// in-process one. It is cleared (POST /clear) repeatedly: pass --wipe to allow that.
-    #[arg(long)]
     pub url: Option<String>,
     /// Also measure this loopback server (e.g. vLLM's hf3fs_metadata_server.py) on the same
     /// workloads, right after kvpages, and print kvpages/peer ratios. Needs --wipe.
-    #[arg(long)]
     pub peer: Option<String>,
     /// Name of the --peer server in the results.
-    #[arg(long, default_value = "vllm-0.33.0-python")]
     pub peer_name: String,
     /// Allow the bench to clear the --url and --peer servers' state.
-    #[arg(long)]
     pub wipe: bool,
     /// Workloads to run (comma-separated); all by default.
-    #[arg(long, value_enum, value_delimiter = ',')]
     pub workload: Vec<Workload>,
     /// Concurrent connections (comma-separated list: one measurement each).
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub concurrency: Vec<usize>,
     /// Seconds each run of a measurement lasts (after its warm-up).
-    #[arg(long, default_value = "3", value_parser = crate::cli::parse_seconds)]
     pub duration: Duration,
     /// Seconds each --peer measurement runs (default: --duration).
-    #[arg(long, value_parser = crate::cli::parse_seconds)]
     pub peer_duration: Option<Duration>,
     /// Warm-up seconds before each measurement (not counted; 0 for none).
-    #[arg(long, default_value = "0.5", value_parser = parse_warmup)]
     pub warmup: Duration,
     /// Runs of each measurement; kvpages, floor and peer alternate run by run, and the runs
     /// are pooled (requests and seconds add up, latency samples merge).
-    #[arg(long, default_value_t = 1)]
     pub repeat: u32,
     /// Runs of each --peer measurement (default: --repeat).
-    #[arg(long)]
     pub peer_repeat: Option<u32>,
     /// Stop each run after this many requests, if the duration has not ended it first.
-    #[arg(long)]
     pub requests: Option<u64>,
     /// Write the results as JSON to this file.
-    #[arg(long)]
     pub json: Option<PathBuf>,
     /// Measure memory instead of load: RSS per stored key at --memory-keys 32-hex keys on one
     /// rank, and the time and RSS of initializing a 10^8-page rank.
-    #[arg(long)]
     pub memory: bool,
     /// Keys stored by --memory.
-    #[arg(long, default_value_t = 1_000_000)]
     pub memory_keys: u32,
     /// Worker threads of the in-process server, and as many for the generator (default: half
     /// the CPUs each, at least 1: the two sides split the machine instead of both competing
     /// for every core; `kvpages serve`'s default too).
-    #[arg(long, value_parser = crate::cli::parse_threads)]
     pub threads: Option<usize>,
     /// Log filter of the in-process server.
-    #[arg(long, default_value = "error")]
     pub log: String,
     /// In-process servers to measure, comma-separated: `ENGINE` (in memory) or `ENGINE/FSYNC`
     /// (durable, `--fsync FSYNC`), e.g. `native,wasm,native/always,native/interval=10`. The
     /// first is the reference (`kvpages` in the results, compared with the floor and the peer);
     /// every other is also reported as a ratio to it. Runs alternate target by target. Default:
     /// the default engine (`wasm`) in memory. Not with --url.
-    #[arg(long, value_delimiter = ',')]
     pub targets: Vec<TargetSpec>,
     /// Where durable --targets keep their state: a fresh subdirectory each, emptied first and
     /// removed at the end.
-    #[arg(long, default_value = "target/bench/data")]
     pub data_dir: PathBuf,
 }
 
@@ -171,14 +153,9 @@ impl std::str::FromStr for TargetSpec {
             Some((e, f)) => (e, Some(f.parse::<FsyncMode>()?)),
             None => (s, None),
         };
-        let engine = <EngineKind as clap::ValueEnum>::from_str(engine.trim(), true)
-            .map_err(|_| format!("'{s}': the engine is `wasm` or `native`"))?;
+        let engine = engine.trim().parse::<EngineKind>().map_err(|e| format!("'{s}': {e}"))?;
         Ok(TargetSpec { engine, fsync })
     }
-}
-
-fn parse_warmup(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" { Ok(Duration::ZERO) } else { crate::cli::parse_seconds(s) }
 }
 
 /// One measured server.
@@ -369,7 +346,7 @@ impl InProcess {
     fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name(server::SERVER_THREAD)
+            .thread_name(SERVER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
@@ -377,7 +354,7 @@ impl InProcess {
         for (i, spec) in specs.iter().enumerate() {
             let mut addrs = Vec::new();
             for (j, eviction) in [Eviction::Lru, Eviction::Off].into_iter().enumerate() {
-                let mut config = ServeConfig { bench_floor: true, engine: spec.engine, ..ServeConfig::default() };
+                let mut config = ServeConfig { engine: spec.engine, ..ServeConfig::default() };
                 config.settings.eviction = eviction;
                 if let Some(fsync) = spec.fsync {
                     let dir = data_dir.join(format!("{i}-{}-{}-{j}", spec.engine, spec.durability()));
@@ -409,7 +386,8 @@ impl InProcess {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (router, handle) = server::build(config.clone(), server::try_build_engine(&config, SEED)?)?;
+        let (router, handle) =
+            server::build_with(config.clone(), try_build_engine(&config, SEED)?, vec![floor_route()])?;
         self.runtime.block_on(handle.start(SEED))?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         self.stop.push(tx);
@@ -437,10 +415,8 @@ impl InProcess {
 }
 
 /// Entry point of `kvpages bench`.
-pub fn main(args: BenchArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log).map_err(|e| format!("--log '{}': {e}", args.log))?;
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr).try_init();
+pub fn main(args: Options) -> Result<(), String> {
+    kvpages_host::runtime::init_logging(&args.log)?;
     if args.memory {
         return memory::run(&args);
     }
@@ -455,7 +431,7 @@ pub fn main(args: BenchArgs) -> Result<(), String> {
     }
     let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
     let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
-    let threads = args.threads.unwrap_or_else(server::default_threads);
+    let threads = args.threads.unwrap_or_else(default_threads);
     let server = InProcess::start(threads, specs, &args.data_dir)?;
     let generator = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -481,7 +457,7 @@ async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<
     Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration, in_process: false })
 }
 
-async fn load(args: &BenchArgs, server: &InProcess) -> Result<(), String> {
+async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
     let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload.clone() };
     // The kvpages servers: the first is the reference (`kvpages`).
     let kv: Vec<Target> = match &args.url {
@@ -691,15 +667,15 @@ struct Raw {
 
 /// CPU time the in-process servers' threads have run so far: the sum of the first field of
 /// Linux's `/proc/self/task/*/schedstat` (nanoseconds on a CPU) over the threads named
-/// [`server::SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
-pub(super) fn server_cpu() -> Option<Duration> {
+/// [`SERVER_THREAD`]. `None` where that is not readable or there are no such threads.
+pub(crate) fn server_cpu() -> Option<Duration> {
     let mut total = 0u64;
     let mut found = false;
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let dir = task.path();
         // A thread may end between the listing and these reads: skip it.
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
-        if comm.trim_end() != server::SERVER_THREAD {
+        if comm.trim_end() != SERVER_THREAD {
             continue;
         }
         let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
@@ -725,7 +701,7 @@ async fn run_once(
     fixture: &Arc<Fixture>,
     mode: &Mode,
     concurrency: usize,
-    args: &BenchArgs,
+    args: &Options,
     label: &str,
 ) -> Result<Raw, String> {
     let workload = fixture.workload;
@@ -1012,7 +988,7 @@ mod tests {
         assert_eq!(super::server_cpu(), None);
         // A thread named like the servers' is counted: at least most of its 200 ms spin (the
         // machine may take some of the wall time away) and not more than its wall time.
-        let (before, after) = spin_on(crate::server::SERVER_THREAD, Duration::from_millis(200));
+        let (before, after) = spin_on(kvpages_host::runtime::SERVER_THREAD, Duration::from_millis(200));
         let (before, after) = (before.expect("the thread counts itself"), after.expect("still running"));
         let spent = after - before;
         assert!(spent >= Duration::from_millis(50) && spent <= Duration::from_millis(260), "{spent:?}");

@@ -1,4 +1,5 @@
-//! `GET /metrics`: the server's figures in Prometheus' text exposition format (version 0.0.4).
+//! The server's figures and their Prometheus text exposition (version 0.0.4), served by
+//! `GET /metrics` (`routes::admin::metrics`).
 //!
 //! Hand-written rather than built on a crate (`prometheus-client`, `metrics` + an exporter):
 //! what kvpages exports is a handful of counters and three fixed-bucket histograms, plus gauges
@@ -18,14 +19,10 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use kvpages_core::{Command, Counters, Reply, Space, Stats};
-
-use crate::server::App;
+use axum::http::StatusCode;
+use kvpages_core::{Counters, Space, Stats};
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -462,31 +459,10 @@ pub fn render(stats: Option<&Stats>, engine_traps: Option<u64>, engine: &str, up
     out
 }
 
-/// `GET /metrics`. The core's figures come from the engine (within `--request-timeout`); while
-/// it cannot answer (recovering, busy) the process figures are still served, with
-/// `kvpages_engine_up 0`, so a scrape never fails for the engine's sake.
-pub(crate) async fn handler(State(app): State<App>) -> Response {
-    let deadline = Instant::now() + app.config.request_timeout;
-    let stats = match app.apply(&Command::Stats, deadline).await {
-        Ok(Reply::Stats(s)) => Some(s),
-        Ok(other) => {
-            tracing::error!("/metrics: unexpected reply {other:?}");
-            None
-        }
-        Err(e) => {
-            tracing::debug!("/metrics: the engine did not answer: {e:?}");
-            None
-        }
-    };
-    let traps = tokio::time::timeout_at(deadline.into(), app.engine_traps()).await.ok();
-    let body = render(stats.as_deref(), traps, &app.kind.to_string(), app.started.elapsed());
-    let mut resp = (StatusCode::OK, body).into_response();
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    resp
-}
-
 #[cfg(test)]
 mod tests {
+    use kvpages_core::{Command, Reply};
+
     use super::*;
 
     #[test]

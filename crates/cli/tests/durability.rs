@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvpages_host::server::{SERVER_THREAD, default_threads};
+use kvpages_host::runtime::{SERVER_THREAD, default_threads};
 
 mod process;
 use process::*;

@@ -10,8 +10,8 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeStruct};
 use serde::{Deserialize, Serialize};
 
-use super::sglang::MAX_NAMESPACE_LEN;
-use crate::wire::{KeyPage, List, Members, Object, U32, decode, missing, value};
+use kvpages_wire::MAX_NAMESPACE_LEN;
+use kvpages_wire::json::{KeyPage, List, Members, Object, U32, decode, missing, value};
 
 #[derive(Default)]
 struct PoolFile {

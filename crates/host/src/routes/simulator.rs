@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
 use crate::api::{ApiError, ErrorCode};
-use crate::server::App;
+use crate::app::App;
 
 /// Every embedded file: path under `/simulator/`, bytes. Empty when built without the module.
 static ASSETS: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/simulator_assets.rs"));

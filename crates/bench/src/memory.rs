@@ -8,7 +8,7 @@ use kvpages_core::{Command, Core, Key, Reply, Settings, Space};
 use serde::Serialize;
 
 use super::workload::KeyGen;
-use super::{BenchArgs, Machine, write_json};
+use super::{Machine, Options, write_json};
 
 /// Pages of the rank whose initialization is timed.
 const HUGE_RANK: u32 = 100_000_000;
@@ -56,7 +56,7 @@ fn allocate_confirm(core: &mut Core, now: u64, rank: u32, keys: Vec<Key>) -> Res
         .map_err(|e| format!("confirm: {e}"))
 }
 
-pub(super) fn run(args: &BenchArgs) -> Result<(), String> {
+pub(super) fn run(args: &Options) -> Result<(), String> {
     let n = args.memory_keys.max(1);
     let keygen = KeyGen::new(7);
     let mut text = Vec::with_capacity(128);

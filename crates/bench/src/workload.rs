@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, Response};
+use kvpages_host::client::{Client, Response};
+use kvpages_rng::{Rng, mix};
 
 /// Pages of the rank the allocating workloads use (a 1 GiB file of 1 KiB pages, the size the
 /// issue asks for; real pools are 10^4..10^6 pages).
@@ -18,34 +19,33 @@ pub(super) const FULL_POOL_PAGES: u32 = 1_024;
 const SETUP_BATCH: usize = 128;
 
 /// One workload: what a vLLM connector or scheduler sends, in a loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
     /// A worker saving 32 new blocks: batch_allocate of 32 fresh keys, then confirm_write.
-    #[value(name = "allocate-confirm-32")]
     AllocateConfirm32,
     /// A worker saving 128 new blocks (vLLM's largest save batch).
-    #[value(name = "allocate-confirm-128")]
     AllocateConfirm128,
     /// The scheduler's lookup of a short prompt: batch_exists of 32 keys, half of them stored.
-    #[value(name = "exists-32")]
     Exists32,
     /// batch_exists of 256 keys (50 % hits).
-    #[value(name = "exists-256")]
     Exists256,
     /// batch_exists of 1,250 keys (a 20K-token prompt at block size 16; 50 % hits).
-    #[value(name = "exists-1250")]
     Exists1250,
     /// A worker loading 32 blocks: get_locations of 32 stored keys.
-    #[value(name = "locations-32")]
     Locations32,
     /// The connector's save/load cycle for a 32-block prompt whose first 16 blocks are cached:
     /// batch_exists(32) → batch_allocate(16 new) → confirm_write(16) → get_locations(32).
-    #[value(name = "save-load-cycle")]
     SaveLoadCycle,
     /// batch_allocate of 32 keys on a full 1,024-page pool: every page -1 (a server with
     /// eviction off, as vLLM's; the bench's own runs one for this workload).
-    #[value(name = "pool-full")]
     PoolFull,
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Workload, String> {
+        Workload::ALL.into_iter().find(|w| w.name() == s).ok_or_else(|| format!("no workload '{s}'"))
+    }
 }
 
 const ALLOCATE: &str = "/keys/batch_allocate";
@@ -55,7 +55,7 @@ const LOCATIONS: &str = "/keys/get_locations";
 
 impl Workload {
     /// Every workload, in report order.
-    pub(super) const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 8] = [
         Workload::AllocateConfirm32,
         Workload::AllocateConfirm128,
         Workload::Exists32,
@@ -66,7 +66,8 @@ impl Workload {
         Workload::PoolFull,
     ];
 
-    pub(super) fn name(self) -> &'static str {
+    /// The workload's name in `--workload` and in the results.
+    pub fn name(self) -> &'static str {
         match self {
             Workload::AllocateConfirm32 => "allocate-confirm-32",
             Workload::AllocateConfirm128 => "allocate-confirm-128",
@@ -149,18 +150,11 @@ fn allocate_reply(n: usize) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// Unique 32-hex keys: `splitmix64` is a bijection, so distinct counters give distinct keys.
+/// Unique 32-hex keys: [`mix`] is a bijection, so distinct counters give distinct keys.
 #[derive(Debug)]
 pub(super) struct KeyGen {
     seed: u64,
     next: AtomicU64,
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl KeyGen {
@@ -172,28 +166,10 @@ impl KeyGen {
     pub(super) fn fresh(&self, n: usize, out: &mut Vec<String>) {
         let start = self.next.fetch_add(n as u64, Ordering::Relaxed);
         for i in start..start + n as u64 {
-            let a = splitmix64(self.seed.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-            let b = splitmix64(a ^ self.seed);
+            let a = mix(self.seed.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            let b = mix(a ^ self.seed);
             out.push(format!("{a:016x}{b:016x}"));
         }
-    }
-}
-
-/// A small PRNG for picking stored keys (xorshift64*); the plugin host's tests draw their
-/// seeded batches from it too.
-#[derive(Debug)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(splitmix64(seed) | 1)
-    }
-    /// A number below `n` (not 0).
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as usize % n
     }
 }
 
@@ -388,7 +364,7 @@ impl Fixture {
         (0..n)
             .map(
                 |i| {
-                    if i % 2 == 1 { self.stored[rng.below(self.stored.len())].clone() } else { misses.next().unwrap() }
+                    if i % 2 == 1 { self.stored[rng.index(self.stored.len())].clone() } else { misses.next().unwrap() }
                 },
             )
             .collect()
@@ -558,7 +534,7 @@ impl Worker {
             }
             Workload::Locations32 => {
                 let keys: Vec<String> =
-                    (0..32).map(|_| fixture.stored[self.rng.below(fixture.stored.len())].clone()).collect();
+                    (0..32).map(|_| fixture.stored[self.rng.index(fixture.stored.len())].clone()).collect();
                 self.call(0, locations_body(&keys)).await?;
             }
             Workload::SaveLoadCycle => {
