@@ -10,7 +10,7 @@ use axum::extract::Request;
 use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use kvpages_wire as wire;
 use tokio::net::TcpListener;
 
@@ -42,27 +42,13 @@ pub fn build_with(
     let app = App::new(config, engine)?;
     let handle = Handle::new(app.clone());
     let access = Arc::new(app.config.access.clone());
-    let routes = extra.into_iter().fold(Router::new(), |r, e| r.route(e.path, e.method));
+    let extra = extra.into_iter().map(|e| (e.path, e.method));
+    let own = own_routes().into_iter().map(|(_, path, handler)| (path, handler));
+    let routes = wire::ROUTES.iter().map(|r| (r.path, wire_route(r))).chain(own).chain(extra);
+    // Static paths take precedence over `/{rank}/{op}` in the router, as in `wire::matches`.
+    let router = routes.fold(Router::new(), |router, (path, method)| router.route(path, method));
     Ok((
-        routes
-            // The routes of `kvpages_wire` (the browser simulator's too): vLLM's, SGLang's,
-            // `/stats` and key inspection.
-            .route("/rank/{rank}/initialize", post_route("initialize"))
-            .route("/keys/batch_allocate", post_route("batch_allocate"))
-            .route("/keys/confirm_write", post_route("confirm_write"))
-            .route("/keys/batch_exists", post_route("batch_exists"))
-            .route("/keys/get_locations", post_route("get_locations"))
-            .route("/clear", post_route("clear"))
-            .route("/keys/delete", post_route("delete"))
-            .route("/health", get(admin::health))
-            .route("/stats", get(admin::stats))
-            .route("/metrics", get(admin::metrics))
-            .route("/admin/keys/{key}", get_route("inspect"))
-            .route("/admin/import/sglang", post(admin::import_sglang))
-            .route("/admin/export/sglang", get(admin::export_sglang))
-            // SGLang's `/{rank}/{op}`; the static routes above take precedence over it.
-            .route("/{rank}/{op}", post_route("sglang"))
-            .merge(crate::routes::simulator::routes())
+        router
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(app)
@@ -70,6 +56,42 @@ pub fn build_with(
             .layer(middleware::from_fn(guard)),
         handle,
     ))
+}
+
+/// The handler of a route of the wire crate: `/stats` adds the host's figures, every other one
+/// is [`crate::routes::serve`]'s.
+fn wire_route(route: &'static wire::Route) -> MethodRouter<App> {
+    match (route.method, route.name) {
+        ("GET", "stats") => get(admin::stats),
+        ("GET", _) => get_route(route),
+        _ => post_route(route),
+    }
+}
+
+/// The server's own routes, beside the wire crate's: method (for a 405's `Allow`), path and
+/// handler.
+fn own_routes() -> Vec<(&'static str, &'static str, MethodRouter<App>)> {
+    let mut own = vec![
+        ("GET", "/health", get(admin::health)),
+        ("GET", "/metrics", get(admin::metrics)),
+        ("POST", "/admin/import/sglang", post(admin::import_sglang)),
+        ("GET", "/admin/export/sglang", get(admin::export_sglang)),
+    ];
+    own.extend(crate::routes::simulator::routes().map(|(path, handler)| ("GET", path, handler)));
+    own
+}
+
+/// The server's own routes (method, path template), beside the wire crate's [`wire::ROUTES`].
+pub fn own_route_table() -> Vec<(&'static str, &'static str)> {
+    own_routes().into_iter().map(|(method, path, _)| (method, path)).collect()
+}
+
+/// The method the route `path` names takes (a route of the wire crate's or the server's own),
+/// for a 405's `Allow`.
+fn allowed_method(path: &str) -> &'static str {
+    let own = own_route_table().into_iter().map(|(method, path)| (path, method));
+    let wire = wire::ROUTES.iter().map(|r| (r.path, r.method));
+    wire::best_match(wire.chain(own), path).unwrap_or("GET")
 }
 
 /// Logs each request (debug) and counts it for `/metrics`. Time bounds live where the waiting
@@ -92,8 +114,9 @@ async fn not_found(method: Method, req: Request<Body>) -> Response {
 
 async fn method_not_allowed(method: Method, req: Request<Body>) -> Response {
     let path = req.uri().path();
-    let mut resp = answer_response(wire::method_not_allowed(method.as_str(), path));
-    resp.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(wire::allowed_method(path)));
+    let allowed = allowed_method(path);
+    let mut resp = answer_response(wire::method_not_allowed(method.as_str(), path, allowed));
+    resp.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static(allowed));
     resp
 }
 

@@ -1,7 +1,8 @@
 //! The server and `kvpages_wire` driven by hand (as the browser simulator drives it) give
 //! the same answers: the same requests go to a real server over HTTP and through `wire::parse` +
 //! `Core::apply` + `Pending::answer`, and status, body bytes and headers must agree — for valid
-//! requests of every route, malformed ones, and paths and methods the router does not take.
+//! requests of every route, malformed ones, and paths and methods the router does not take
+//! (the server's own routes are compared for the methods they do not take).
 
 mod common;
 
@@ -9,6 +10,7 @@ use common::{Resp, SEED, Server, peer_settings};
 use kvpages_core::{Core, Settings};
 use kvpages_host::config::ServeConfig;
 use kvpages_host::engine::EngineKind;
+use kvpages_host::server;
 use kvpages_wire::{self as wire, HostInfo, Parsed};
 
 /// No read leases, so `/admin/keys/{key}` shows no time-dependent figure.
@@ -20,9 +22,22 @@ fn settings() -> Settings {
 /// than the test).
 struct Sim(Core);
 
+/// The route `path` names among the wire crate's and the server's own (as the router picks):
+/// its method, and whether it is the server's own.
+fn route_of(path: &str) -> Option<(&'static str, bool)> {
+    let own = server::own_route_table().into_iter().map(|(method, path)| (path, (method, true)));
+    let wire = wire::ROUTES.iter().map(|r| (r.path, (r.method, false)));
+    wire::best_match(wire.chain(own), path)
+}
+
 impl Sim {
-    /// `None` for the server's own routes.
+    /// `None` for a request a route of the server's own serves (not the wire crate's business);
+    /// another method on such a route is the same 405 as on a wire route.
     fn answer(&mut self, method: &str, path: &str, body: &[u8], uptime: f64) -> Option<wire::Answer> {
+        if let Some((allowed, true)) = route_of(path) {
+            let served = method == allowed || (allowed == "GET" && method == "HEAD");
+            return (!served).then(|| wire::method_not_allowed(method, path, allowed));
+        }
         match wire::parse(method, path, body) {
             Parsed::Answer(a) => Some(a),
             Parsed::Apply(p) => {
@@ -30,7 +45,6 @@ impl Sim {
                 let host = HostInfo { engine: "native", engine_traps: 0, uptime_seconds: uptime };
                 Some(p.answer_with(result, &host))
             }
-            Parsed::Host(_) => None,
         }
     }
 }
@@ -56,7 +70,7 @@ fn check(server: &Server, sim: &mut Sim, method: &str, path: &str, body: &str) -
     }
     let content_type = if want.status == 204 { None } else { Some("application/json") };
     assert_eq!(resp.content_type.as_deref(), content_type, "{label}");
-    let allow = (want.status == 405).then(|| wire::allowed_method(path));
+    let allow = (want.status == 405).then(|| route_of(path).expect("a 405 names a route").0);
     assert_eq!(resp.header("allow"), allow, "{label}");
     true
 }

@@ -21,7 +21,8 @@
 //!
 //! What stays the host's: body limits and timeouts, access control, engine faults (busy,
 //! recovering, storage, plugin traps — their codes are in the one catalogue, [`ErrorCode`]),
-//! metrics, logging, `/health`, `/metrics` and SGLang's persistence file.
+//! metrics, logging, and the server's own routes (`/health`, `/metrics`, SGLang's persistence
+//! file, the simulator's files).
 //!
 //! # Layout
 //! - [`json`]: strict JSON decoding (no duplicate members, u32 integers, exact pairs); `fast`:
@@ -103,12 +104,6 @@ pub enum Parsed {
     Answer(Answer),
     /// A command to apply; [`Pending::answer`] turns its result into the answer.
     Apply(Pending),
-    /// A route the HTTP server serves from its own state, not a command of the core (the
-    /// route template: `/health`, `/metrics`, `/admin/import/sglang`, `/admin/export/sglang`,
-    /// the simulator's own files `/simulator`, `/simulator/`, `/simulator/{*path}`).
-    /// The server's router takes these before it calls [`parse`]; a simulator answers them
-    /// its own way.
-    Host(&'static str),
 }
 
 /// A parsed request waiting for the core's result.
@@ -177,70 +172,115 @@ impl Pending {
     }
 }
 
-/// What a path names, and the method it takes.
+/// What a route parses its requests into.
 #[derive(Clone, Copy, Debug)]
-enum Route {
+enum Kind {
     Vllm(vllm::Route),
     Sglang,
     Stats,
     Inspect,
-    Host(&'static str),
 }
 
-/// The route table, matched as the server's router (axum) matches it: static paths first, then
-/// `/rank/{rank}/initialize`, `/admin/keys/{key}` and SGLang's `/{rank}/{op}`, each parameter
-/// one segment, empty only when it is not the last (`/rank//initialize` is a bad rank, `/0/` no
-/// route).
-fn route_of(path: &str) -> Option<(Route, &'static str)> {
+/// A route of the HTTP API: its method and path template as the server's router writes them, and
+/// its name in logs. The server registers every one of [`ROUTES`] and hands the requests it
+/// matched to [`Route::parse`], so a request is routed once; the browser simulator, which has no
+/// router, finds the route with [`Route::find`].
+#[derive(Clone, Copy, Debug)]
+pub struct Route {
+    /// `GET` or `POST` (a `GET` route also answers `HEAD`).
+    pub method: &'static str,
+    /// The path template: `{name}` is one segment.
+    pub path: &'static str,
+    /// The route's name, as the host's logs and [`Pending::route`] give it.
+    pub name: &'static str,
+    kind: Kind,
+}
+
+/// Every route of the HTTP API: vLLM's, SGLang's `/{rank}/{op}`, `/stats` and key inspection.
+/// The server's own routes (`/health`, `/metrics`, SGLang's file import and export, the
+/// simulator's files) are the host's, not here.
+pub const ROUTES: &[Route] = {
     use vllm::Route as V;
-    let found = match path {
-        "/keys/batch_allocate" => (Route::Vllm(V::Allocate), "POST"),
-        "/keys/confirm_write" => (Route::Vllm(V::Confirm), "POST"),
-        "/keys/batch_exists" => (Route::Vllm(V::Exists), "POST"),
-        "/keys/get_locations" => (Route::Vllm(V::Locations), "POST"),
-        "/keys/delete" => (Route::Vllm(V::Delete), "POST"),
-        "/clear" => (Route::Vllm(V::Clear), "POST"),
-        "/stats" => (Route::Stats, "GET"),
-        "/health" => (Route::Host("/health"), "GET"),
-        "/metrics" => (Route::Host("/metrics"), "GET"),
-        "/admin/import/sglang" => (Route::Host("/admin/import/sglang"), "POST"),
-        "/admin/export/sglang" => (Route::Host("/admin/export/sglang"), "GET"),
-        "/simulator" => (Route::Host("/simulator"), "GET"),
-        "/simulator/" => (Route::Host("/simulator/"), "GET"),
-        p if p.starts_with("/simulator/") => (Route::Host("/simulator/{*path}"), "GET"),
-        _ => {
-            let mut it = path.strip_prefix('/')?.split('/');
-            let segments = [it.next(), it.next(), it.next(), it.next()];
-            // Like the router: a parameter may be empty, except in the last segment.
-            if segments.iter().flatten().last().is_none_or(|s| s.is_empty()) {
+    const fn route(method: &'static str, path: &'static str, name: &'static str, kind: Kind) -> Route {
+        Route { method, path, name, kind }
+    }
+    &[
+        route("POST", "/rank/{rank}/initialize", "initialize", Kind::Vllm(V::Initialize)),
+        route("POST", "/keys/batch_allocate", "batch_allocate", Kind::Vllm(V::Allocate)),
+        route("POST", "/keys/confirm_write", "confirm_write", Kind::Vllm(V::Confirm)),
+        route("POST", "/keys/batch_exists", "batch_exists", Kind::Vllm(V::Exists)),
+        route("POST", "/keys/get_locations", "get_locations", Kind::Vllm(V::Locations)),
+        route("POST", "/clear", "clear", Kind::Vllm(V::Clear)),
+        route("POST", "/keys/delete", "delete", Kind::Vllm(V::Delete)),
+        route("GET", "/stats", "stats", Kind::Stats),
+        route("GET", "/admin/keys/{key}", "inspect", Kind::Inspect),
+        route("POST", "/{rank}/{op}", "sglang", Kind::Sglang),
+    ]
+};
+
+impl Route {
+    /// Turns a request for this route into a command to apply, or answers it. `path` is the
+    /// request target's path without the query string, as sent (percent escapes are not
+    /// decoded); the method is the router's business.
+    pub fn parse(&self, path: &str, body: &[u8]) -> Parsed {
+        let parsed = match self.kind {
+            Kind::Vllm(r) => vllm::parse(r, path, body),
+            Kind::Sglang => sglang::parse(path, body),
+            Kind::Stats => Ok(apply("stats", Shape::Stats, Command::Stats)),
+            Kind::Inspect => admin::parse_inspect(path),
+        };
+        parsed.unwrap_or_else(|f| Parsed::Answer(f.answer()))
+    }
+
+    /// The route of [`ROUTES`] that `path` names, matched as the server's router matches.
+    pub fn find(path: &str) -> Option<&'static Route> {
+        best_match(ROUTES.iter().map(|r| (r.path, r)), path)
+    }
+}
+
+/// How specifically `template` matches `path`, as axum's router matches: each `{name}` one
+/// segment (empty only when it is not the last: `/rank//initialize` is a bad rank, `/0/` no
+/// route), a trailing `{*name}` one or more segments, every other segment exactly; `None` when
+/// it does not match, else its count of exact segments (a static path wins over a parameter).
+pub fn matches(template: &str, path: &str) -> Option<usize> {
+    let want = template.strip_prefix('/')?.split('/');
+    let mut got = path.strip_prefix('/')?.split('/').peekable();
+    let mut exact = 0;
+    for w in want {
+        if w.starts_with("{*") {
+            return got.peek().is_some_and(|g| !g.is_empty()).then_some(exact);
+        }
+        let g = got.next()?;
+        if w.starts_with('{') {
+            if g.is_empty() && got.peek().is_none() {
                 return None;
             }
-            match segments {
-                [Some("rank"), Some(_), Some("initialize"), None] => (Route::Vllm(V::Initialize), "POST"),
-                [Some("admin"), Some("keys"), Some(_), None] => (Route::Inspect, "GET"),
-                [Some(_), Some(_), None, None] => (Route::Sglang, "POST"),
-                _ => return None,
-            }
+        } else if w == g {
+            exact += 1;
+        } else {
+            return None;
         }
-    };
-    Some(found)
+    }
+    got.next().is_none().then_some(exact)
 }
 
-/// Turns a request into a command to apply, or answers it. `path` is the request target's path
-/// without the query string, as sent (percent escapes are not decoded).
+/// The item of `routes` (template, item) whose template matches `path` most specifically.
+pub fn best_match<T>(routes: impl Iterator<Item = (&'static str, T)>, path: &str) -> Option<T> {
+    routes
+        .filter_map(|(template, item)| matches(template, path).map(|n| (n, item)))
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, item)| item)
+}
+
+/// Turns a request into a command to apply, or answers it, matching its route first (what the
+/// browser simulator does; the server's router matches and calls [`Route::parse`]). `path` is
+/// the request target's path without the query string, as sent.
 pub fn parse(method: &str, path: &str, body: &[u8]) -> Parsed {
-    let Some((route, wants)) = route_of(path) else { return Parsed::Answer(not_found(method, path)) };
-    if method != wants && !(wants == "GET" && method == "HEAD") {
-        return Parsed::Answer(method_not_allowed(method, path));
+    let Some(route) = Route::find(path) else { return Parsed::Answer(not_found(method, path)) };
+    if method != route.method && !(route.method == "GET" && method == "HEAD") {
+        return Parsed::Answer(method_not_allowed(method, path, route.method));
     }
-    let parsed = match route {
-        Route::Vllm(r) => vllm::parse(r, path, body),
-        Route::Sglang => sglang::parse(path, body),
-        Route::Stats => Ok(apply("stats", Shape::Stats, Command::Stats)),
-        Route::Inspect => admin::parse_inspect(path),
-        Route::Host(template) => Ok(Parsed::Host(template)),
-    };
-    parsed.unwrap_or_else(|f| Parsed::Answer(f.answer()))
+    route.parse(path, body)
 }
 
 fn apply(route: &'static str, shape: Shape, command: Command) -> Parsed {
@@ -252,18 +292,8 @@ pub fn not_found(method: &str, path: &str) -> Answer {
     Failure::because(ErrorCode::RouteNotFound, format_args!("no route {method} {path}")).answer()
 }
 
-/// The method the routes under `path` take, for a 405's `Allow` header.
-pub fn allowed_method(path: &str) -> &'static str {
-    let get = ["/health", "/stats", "/metrics", "/simulator"].contains(&path)
-        || (path.starts_with("/admin/") && path != "/admin/import/sglang")
-        || path.starts_with("/simulator/");
-    if get { "GET" } else { "POST" }
-}
-
-/// 405 for a path whose route takes another method (the host adds `Allow:`
-/// [`allowed_method`]).
-pub fn method_not_allowed(method: &str, path: &str) -> Answer {
-    let allowed = allowed_method(path);
+/// 405 for a path whose route takes `allowed`, not `method` (the host adds `Allow: allowed`).
+pub fn method_not_allowed(method: &str, path: &str, allowed: &str) -> Answer {
     Failure::because(ErrorCode::MethodNotAllowed, format_args!("{path} accepts {allowed}, not {method}")).answer()
 }
 

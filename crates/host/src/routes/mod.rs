@@ -104,46 +104,39 @@ impl ExtraRoute {
     }
 }
 
-/// `POST path` answered by the wire module, `route` naming it in logs.
-pub(crate) fn post_route(route: &'static str) -> MethodRouter<App> {
+/// A `POST` route of the wire crate, answered by [`serve`].
+pub(crate) fn post_route(route: &'static wire::Route) -> MethodRouter<App> {
     post(move |State(app): State<App>, req: Request| serve(app, route, req))
 }
 
-/// `GET path` answered by the wire module, `route` naming it in logs.
-pub(crate) fn get_route(route: &'static str) -> MethodRouter<App> {
+/// A `GET` route of the wire crate, answered by [`serve`].
+pub(crate) fn get_route(route: &'static wire::Route) -> MethodRouter<App> {
     get(move |State(app): State<App>, req: Request| serve(app, route, req))
 }
 
 /// A route of `kvpages_wire`: reads the body (bounded by `--max-body` and the request's
 /// deadline), parses it into a command, applies it, answers. Engine faults are the host's 503s;
 /// every error answer is logged with a body preview.
-pub(crate) async fn serve(app: App, route: &'static str, req: Request) -> Response {
+pub(crate) async fn serve(app: App, route: &'static wire::Route, req: Request) -> Response {
     let deadline = Instant::now() + app.config.request_timeout;
-    let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let name = route.name;
     let body = match app.body(req, app.config.max_body, deadline).await {
         Ok(b) => b,
-        Err(e) => return rejected(route, &Bytes::new(), e),
+        Err(e) => return rejected(name, &Bytes::new(), e),
     };
-    let answer = match wire::parse(method.as_str(), &path, &body) {
+    let answer = match route.parse(&path, &body) {
         Parsed::Answer(answer) => answer,
-        Parsed::Apply(pending) => {
-            debug_assert_eq!(pending.route(), route, "the router and the wire module agree on routes");
-            match app.apply(pending.command(), deadline).await {
-                Ok(reply) => {
-                    vllm::log_applied(pending.command(), &reply);
-                    pending.answer(Ok(reply))
-                }
-                Err(EngineError::Domain(e)) => pending.answer(Err(e)),
-                Err(e) => return rejected(route, &body, fault(e)),
+        Parsed::Apply(pending) => match app.apply(pending.command(), deadline).await {
+            Ok(reply) => {
+                vllm::log_applied(pending.command(), &reply);
+                pending.answer(Ok(reply))
             }
-        }
-        Parsed::Host(template) => {
-            let why = format_args!("{template} is the server's own route, not the wire module's");
-            return rejected(route, &body, ApiError::because(ErrorCode::EngineFault, why));
-        }
+            Err(EngineError::Domain(e)) => pending.answer(Err(e)),
+            Err(e) => return rejected(name, &body, fault(e)),
+        },
     };
-    answered(route, &body, answer)
+    answered(name, &body, answer)
 }
 
 /// Sends a wire answer, logging it like [`rejected`] when it is an error.

@@ -1,11 +1,10 @@
 //! `/simulator/`: the browser simulator's page and its wasm module, embedded at build time
 //! (see `build.rs`). Static files only; the simulation runs in the browser.
 
-use axum::Router;
 use axum::extract::Path;
 use axum::http::header;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 
 use crate::api::{ApiError, ErrorCode};
 use crate::app::App;
@@ -33,7 +32,7 @@ fn content_type(path: &str) -> &'static str {
 
 fn asset(path: &str) -> Response {
     if !embedded() {
-        let why = "this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages-host)";
+        let why = "this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages)";
         return ApiError::because(ErrorCode::RouteNotFound, why).into_response();
     }
     match ASSETS.iter().find(|(name, _)| *name == path) {
@@ -44,12 +43,14 @@ fn asset(path: &str) -> Response {
     }
 }
 
-/// The routes: `/simulator` redirects to `/simulator/`, which serves `index.html`.
-pub(crate) fn routes() -> Router<App> {
-    Router::new()
-        .route("/simulator", get(|| async { Redirect::permanent("/simulator/") }))
-        .route("/simulator/", get(|| async { asset("index.html") }))
-        .route("/simulator/{*path}", get(|Path(path): Path<String>| async move { asset(&path) }))
+/// The routes (`GET`, path, handler): `/simulator` redirects to `/simulator/`, which serves
+/// `index.html`.
+pub(crate) fn routes() -> [(&'static str, MethodRouter<App>); 3] {
+    [
+        ("/simulator", get(|| async { Redirect::permanent("/simulator/") })),
+        ("/simulator/", get(|| async { asset("index.html") })),
+        ("/simulator/{*path}", get(|Path(path): Path<String>| async move { asset(&path) })),
+    ]
 }
 
 #[cfg(test)]
@@ -64,7 +65,7 @@ mod tests {
         let want = if embedded() {
             r#"{"detail":"Not Found (no simulator file 'no/such.file')"}"#
         } else {
-            r#"{"detail":"Not Found (this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages-host))"}"#
+            r#"{"detail":"Not Found (this kvpages was built without the browser simulator: run `cargo xtask simulator`, then rebuild (cargo build -p kvpages))"}"#
         };
         assert_eq!(std::str::from_utf8(&body).unwrap(), want);
     }

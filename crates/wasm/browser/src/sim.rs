@@ -481,13 +481,6 @@ impl Sim {
     fn exchange(&mut self, method: &str, path: &str, body: String) -> (u16, String, Option<Reply>) {
         let (status, bytes, reply) = match wire::parse(method, path, body.as_bytes()) {
             wire::Parsed::Answer(a) => (a.status, a.body, None),
-            // The server's own routes (/health, /metrics, SGLang file import/export) read host
-            // state a simulation does not have.
-            wire::Parsed::Host(route) => {
-                let why = format!("{route} is served by kvpages serve itself, not by the simulator");
-                let a = wire::Failure::because(wire::ErrorCode::RouteNotFound, why).answer();
-                (a.status, a.body, None)
-            }
             wire::Parsed::Apply(p) => {
                 let result = self.core.apply(self.now, p.command());
                 let reply = match &result {
