@@ -40,18 +40,6 @@ const FSYNC_BUCKETS: [f64; 14] =
 /// create one series per path it tries).
 const UNMATCHED: &str = "unmatched";
 
-/// SGLang's operations: `/{rank}/{op}` is labelled `/{rank}/<op>` for these (kept in step with
-/// `routes::sglang::Op`), and `/{rank}/{op}` for anything else, so clients cannot create series.
-const SGLANG_OPS: [&str; 7] = [
-    "initialize",
-    "exists",
-    "reserve_and_allocate_page_indices",
-    "confirm_write",
-    "delete_keys",
-    "clear",
-    "get_page_indices",
-];
-
 /// A histogram with fixed buckets: per-bucket counts (made cumulative when rendered), the sum in
 /// nanoseconds, and the count.
 #[derive(Debug)]
@@ -177,7 +165,7 @@ pub fn route_label(matched: Option<&str>, path: &str) -> String {
         None => UNMATCHED.to_owned(),
         Some("/{rank}/{op}") => {
             let op = path.rsplit('/').next().unwrap_or("");
-            match SGLANG_OPS.iter().find(|&&o| o == op) {
+            match kvpages_wire::SGLANG_OPS.iter().find(|&&o| o == op) {
                 Some(op) => format!("/{{rank}}/{op}"),
                 None => "/{rank}/{op}".to_owned(),
             }

@@ -49,7 +49,7 @@ mod sglang;
 mod vllm;
 
 pub use errors::{ErrorCode, Failure};
-pub use sglang::MAX_NAMESPACE_LEN;
+pub use sglang::{MAX_NAMESPACE_LEN, SGLANG_OPS};
 
 /// A complete answer: status, body and, for an error, its code.
 ///

@@ -32,21 +32,26 @@ pub(super) enum Op {
     Locations,
 }
 
+/// The names of SGLang's operations, the `{op}` of `/{rank}/{op}` (the server's metrics label
+/// requests by them).
+pub const SGLANG_OPS: [&str; 7] = {
+    let mut names = [""; 7];
+    let mut i = 0;
+    while i < Op::ALL.len() {
+        names[i] = Op::ALL[i].name();
+        i += 1;
+    }
+    names
+};
+
 impl Op {
+    const ALL: [Op; 7] = [Op::Initialize, Op::Exists, Op::Reserve, Op::Confirm, Op::Delete, Op::Clear, Op::Locations];
+
     fn parse(s: &str) -> Option<Op> {
-        Some(match s {
-            "initialize" => Op::Initialize,
-            "exists" => Op::Exists,
-            "reserve_and_allocate_page_indices" => Op::Reserve,
-            "confirm_write" => Op::Confirm,
-            "delete_keys" => Op::Delete,
-            "clear" => Op::Clear,
-            "get_page_indices" => Op::Locations,
-            _ => return None,
-        })
+        Op::ALL.into_iter().find(|op| op.name() == s)
     }
 
-    fn name(self) -> &'static str {
+    const fn name(self) -> &'static str {
         match self {
             Op::Initialize => "initialize",
             Op::Exists => "exists",
