@@ -6,23 +6,11 @@
 
 mod common;
 
-use common::{Harness, peer_settings};
+use common::{Harness, cached, fresh, miss, peer_settings};
 use kvpages_core::{
     Allocation, Command, ConfirmReport, Counters, Error, Eviction, IgnoredRelease, KeyInfo, PageCounts, Refusal,
     Refused, Reply, Settings, Space,
 };
-
-fn fresh(index: u32, page: u32) -> Allocation {
-    Allocation { index, page: Some(page), cached: false }
-}
-
-fn cached(index: u32, page: u32) -> Allocation {
-    Allocation { index, page: Some(page), cached: true }
-}
-
-fn miss(index: u32) -> Allocation {
-    Allocation { index, page: None, cached: false }
-}
 
 fn counts(free: u32, reserved: u32, committed: u32, leased: u32, quarantined: u32) -> PageCounts {
     PageCounts { free, reserved, committed, leased, quarantined }

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{Harness, key};
+use common::{Harness, cached, fresh, key, miss};
 use kvpages_core::{
-    Allocation, Command, ConfirmReport, Error, IgnoredRelease, InitOutcome, PageCounts, PagePlace, Refusal, Refused,
-    Reply, Settings, Space,
+    Command, ConfirmReport, Error, IgnoredRelease, InitOutcome, PageCounts, PagePlace, Refusal, Refused, Reply,
+    Settings, Space,
 };
 
 fn range(a: u32, b: u32) -> Vec<u32> {
@@ -19,18 +19,6 @@ fn with_tail(a: u32, b: u32, tail: &[u32]) -> Vec<u32> {
     let mut v = range(a, b);
     v.extend_from_slice(tail);
     v
-}
-
-fn fresh(index: u32, page: u32) -> Allocation {
-    Allocation { index, page: Some(page), cached: false }
-}
-
-fn cached(index: u32, page: u32) -> Allocation {
-    Allocation { index, page: Some(page), cached: true }
-}
-
-fn miss(index: u32) -> Allocation {
-    Allocation { index, page: None, cached: false }
 }
 
 fn counts(free: u32, reserved: u32, committed: u32) -> PageCounts {

@@ -461,7 +461,7 @@ impl Diff {
 
     fn total_counters(&self) -> Counters {
         let mut t = self.cleared;
-        add(&mut t, &self.counters());
+        common::add_counters(&mut t, &self.counters());
         t
     }
 
@@ -471,7 +471,7 @@ impl Diff {
         let clear = matches!(cmd, Command::Clear { .. });
         if clear {
             let c = self.counters();
-            add(&mut self.cleared, &c);
+            common::add_counters(&mut self.cleared, &c);
         }
         self.run(cmd);
         if clear {
@@ -515,20 +515,6 @@ fn run(seed: u64, strict: bool) {
     {
         assert_eq!(n, 0, "reference seed {seed:#x} ({mode}): valid input had {name} events ({t:?})");
     }
-}
-
-fn add(total: &mut Counters, c: &Counters) {
-    total.reserved += c.reserved;
-    total.cache_hits += c.cache_hits;
-    total.misses += c.misses;
-    total.committed += c.committed;
-    total.refused_confirms += c.refused_confirms;
-    total.superseded += c.superseded;
-    total.released += c.released;
-    total.ignored_releases += c.ignored_releases;
-    total.expired_reservations += c.expired_reservations;
-    total.dropped_keys += c.dropped_keys;
-    total.deleted += c.deleted;
 }
 
 /// The model itself on the notes' examples, so a wrong model cannot agree with a wrong core.

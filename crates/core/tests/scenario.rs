@@ -138,7 +138,7 @@ impl Scenario {
     /// Counters over the whole run, clears included.
     fn total_counters(&self) -> Counters {
         let mut t = self.cleared;
-        add(&mut t, &self.counters());
+        common::add_counters(&mut t, &self.counters());
         t
     }
 
@@ -284,7 +284,7 @@ impl Scenario {
         let cmd = self.next_command();
         if matches!(cmd, Command::Clear { .. }) {
             let c = self.counters();
-            add(&mut self.cleared, &c);
+            common::add_counters(&mut self.cleared, &c);
         }
         // What the step needs to know about the state before the command.
         let deleted_before: Option<Vec<Option<KeyInfo>>> = match &cmd {
@@ -698,22 +698,4 @@ fn random_scenarios_reach_every_rule() {
             }
         }
     }
-}
-
-fn add(total: &mut Counters, c: &Counters) {
-    total.reserved += c.reserved;
-    total.cache_hits += c.cache_hits;
-    total.misses += c.misses;
-    total.committed += c.committed;
-    total.refused_confirms += c.refused_confirms;
-    total.superseded += c.superseded;
-    total.released += c.released;
-    total.ignored_releases += c.ignored_releases;
-    total.expired_reservations += c.expired_reservations;
-    total.dropped_keys += c.dropped_keys;
-    total.evictions += c.evictions;
-    total.deleted += c.deleted;
-    total.quarantined_pages += c.quarantined_pages;
-    total.location_hits += c.location_hits;
-    total.location_misses += c.location_misses;
 }

@@ -10,6 +10,40 @@ use kvpages_core::{
 #[allow(unused_imports)]
 pub use kvpages_rng::Rng;
 
+/// A fresh page for the batch's key at `index`.
+pub fn fresh(index: u32, page: u32) -> Allocation {
+    Allocation { index, page: Some(page), cached: false }
+}
+
+/// The key at `index` answered with the page it holds.
+pub fn cached(index: u32, page: u32) -> Allocation {
+    Allocation { index, page: Some(page), cached: true }
+}
+
+/// The key at `index` answered -1.
+pub fn miss(index: u32) -> Allocation {
+    Allocation { index, page: None, cached: false }
+}
+
+/// `total += c`, counter by counter (a run's totals across clears).
+pub fn add_counters(total: &mut Counters, c: &Counters) {
+    total.reserved += c.reserved;
+    total.cache_hits += c.cache_hits;
+    total.misses += c.misses;
+    total.committed += c.committed;
+    total.refused_confirms += c.refused_confirms;
+    total.superseded += c.superseded;
+    total.released += c.released;
+    total.ignored_releases += c.ignored_releases;
+    total.expired_reservations += c.expired_reservations;
+    total.dropped_keys += c.dropped_keys;
+    total.evictions += c.evictions;
+    total.deleted += c.deleted;
+    total.quarantined_pages += c.quarantined_pages;
+    total.location_hits += c.location_hits;
+    total.location_misses += c.location_misses;
+}
+
 /// The seeds a randomized test runs: `KVPAGES_SEED` (decimal or 0x-hex) if set, else `default`,
 /// followed by `fixed`.
 pub fn seeds(default: u64, fixed: &[u64]) -> Vec<u64> {
