@@ -188,8 +188,8 @@ fn a_key_repeated_in_one_batch_counts_once() {
     s.post("/keys/get_locations", r#"{"rank":0,"keys":["b","a","b"]}"#).expect_json(200, r#"{"locations":[1,0,1]}"#);
 }
 
-#[test]
-fn initializing_again_with_the_same_size_changes_nothing() {
+/// A server with ranks 0 and 1 of 8 pages, each holding `a` on page 0 and `b` on page 1.
+fn two_ranks_holding_a_and_b() -> Server {
     let s = Server::start_default();
     s.init(0, 8);
     s.init(1, 8);
@@ -197,6 +197,12 @@ fn initializing_again_with_the_same_size_changes_nothing() {
         s.allocate(rank, &["a", "b"]);
         s.confirm_ok(rank, &[("a", 0), ("b", 1)], &[]);
     }
+    s
+}
+
+#[test]
+fn initializing_again_with_the_same_size_changes_nothing() {
+    let s = two_ranks_holding_a_and_b();
     s.allocate(0, &["pending"]);
     let before = s.fingerprint(&[0, 1], &["a", "b", "pending"]);
     s.post("/rank/0/initialize", init_body(8)).expect_json(200, &message(0, 8));
@@ -208,13 +214,7 @@ fn initializing_again_with_the_same_size_changes_nothing() {
 
 #[test]
 fn initializing_with_another_size_drops_the_keys_on_every_rank() {
-    let s = Server::start_default();
-    s.init(0, 8);
-    s.init(1, 8);
-    for rank in 0..2 {
-        s.allocate(rank, &["a", "b"]);
-        s.confirm_ok(rank, &[("a", 0), ("b", 1)], &[]);
-    }
+    let s = two_ranks_holding_a_and_b();
     assert_eq!(s.exists(&["a", "b"]), r#"{"exists":[true,true]}"#);
     s.post("/rank/1/initialize", init_body(16)).expect_json(200, &message(1, 16));
     assert_eq!(s.exists(&["a", "b"]), r#"{"exists":[false,false]}"#);
