@@ -5,7 +5,6 @@ above this file. Build it first: `cargo build -p kvpages`.
 """
 
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -15,10 +14,11 @@ from pathlib import Path
 import pytest
 import requests
 
+import peer
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "kvpages"
 HEALTH_WAIT_S = 10.0
-STOP_WAIT_S = 5.0
 
 
 def _binary() -> Path:
@@ -49,14 +49,7 @@ def _log_tail(log_path: str, lines: int = 40) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_WAIT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=STOP_WAIT_S)
+    peer.stop_process(proc)
 
 
 def _start(binary: Path, log_file, extra_args=()):

@@ -88,20 +88,37 @@ def fetch_member(package: str, version: str, member: str, script: Path, size_hin
     return script
 
 
+def script_from_env(var: str, say=print):
+    """The peer script the environment variable `var` names (checked to be a file), or None."""
+    override = os.environ.get(var)
+    if not override:
+        return None
+    path = Path(override)
+    if not path.is_file():
+        raise PeerError(f"{var}={override} is not a file")
+    say(f"peer: using {path} ({var})")
+    return path
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within STOP_WAIT_S."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_WAIT_S)
+
+
 def peer_source(say=print) -> Path:
     """Path of vLLM 0.33.0's `hf3fs_metadata_server.py`, downloading and extracting it if needed.
 
     `KVPAGES_PEER_SCRIPT=/path/to/hf3fs_metadata_server.py` uses that file instead (another vLLM
     version, or a modified copy to check that the parity tests notice a difference).
     """
-    override = os.environ.get("KVPAGES_PEER_SCRIPT")
-    if override:
-        path = Path(override)
-        if not path.is_file():
-            raise PeerError(f"KVPAGES_PEER_SCRIPT={override} is not a file")
-        say(f"peer: using {path} (KVPAGES_PEER_SCRIPT)")
-        return path
-    return fetch_member("vllm", VLLM_VERSION, MEMBER, SCRIPT, "~336 MB", say)
+    return script_from_env("KVPAGES_PEER_SCRIPT", say) or fetch_member("vllm", VLLM_VERSION, MEMBER, SCRIPT, "~336 MB", say)
 
 
 def ensure_peer_deps(say=print) -> None:
@@ -221,15 +238,8 @@ class PeerServer:
         )
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_WAIT_S)
+        if self.proc is not None:
+            stop_process(self.proc)
 
     def close(self) -> None:
         self.stop()

@@ -96,14 +96,7 @@ class Hf3fsMetadataInterface(ABC):
 def sglang_source(say=print) -> Path:
     """Path of SGLang 0.5.23's `mini_3fs_metadata_server.py`, downloading and extracting it if
     needed. `KVPAGES_SGLANG_PEER_SCRIPT=/path/to/file.py` uses that file instead."""
-    override = os.environ.get("KVPAGES_SGLANG_PEER_SCRIPT")
-    if override:
-        path = Path(override)
-        if not path.is_file():
-            raise PeerError(f"KVPAGES_SGLANG_PEER_SCRIPT={override} is not a file")
-        say(f"peer: using {path} (KVPAGES_SGLANG_PEER_SCRIPT)")
-        return path
-    return peer_mod.fetch_member(
+    return peer_mod.script_from_env("KVPAGES_SGLANG_PEER_SCRIPT", say) or peer_mod.fetch_member(
         "sglang", SGLANG_VERSION, MEMBER, SCRIPT, "~39 MB", say,
         what="SGLang's metadata server, which the SGLang tests run against",
     )
