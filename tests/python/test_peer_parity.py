@@ -266,7 +266,8 @@ def test_vllm_client_retry_policy_is_the_one_metadata_client_has(peer):
     """vLLM's own client and test_vllm_client.py's `MetadataClient` (its re-implementation, which
     drives most of that file's tests) make the same requests for the same statuses: a 5xx is
     retried up to 3 times, POST included; a 4xx is not retried."""
-    from test_vllm_client import MetadataClient, _StubServer
+    from stub import StubServer
+    from test_vllm_client import MetadataClient
 
     vllm_client = peer.require().module.Hf3fsGlobalMetadataClient
     cases = (([503, 503, 200], 3), ([500, 200], 2), ([502], 4), ([404], 1), ([400], 1))
@@ -275,7 +276,7 @@ def test_vllm_client_retry_policy_is_the_one_metadata_client_has(peer):
             ("vLLM's client", vllm_client, RuntimeError),
             ("MetadataClient", MetadataClient, requests.exceptions.RequestException),
         ):
-            with _StubServer(statuses) as stub:
+            with StubServer(statuses) as stub:
                 c = make(stub.url)
                 try:
                     if statuses[-1] == 200:

@@ -14,9 +14,7 @@ is a stack, the first pages handed out are n-1, n-2, ...
 """
 
 import hashlib
-import http.server
 import json
-import threading
 import time
 
 import pytest
@@ -24,6 +22,7 @@ import requests
 
 import sglang_peer
 from conftest import metric, record_retries
+from stub import StubServer
 from sglang_peer import NOT_INITIALIZED, HiCache, Recorder
 
 OPS = ("initialize", "exists", "reserve_and_allocate_page_indices", "confirm_write", "delete_keys",
@@ -393,49 +392,14 @@ def test_vllm_routes_do_not_see_sglang_keys(sgl, client, kv):
 # --------------------------------------------------------------------------------------------
 
 
-class _StubServer:
-    """Answers every POST with the next status of `statuses` (the last one repeats)."""
-
-    def __init__(self, statuses):
-        self.statuses = list(statuses)
-        self.count = 0
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                status = stub.statuses[min(stub.count, len(stub.statuses) - 1)]
-                stub.count += 1
-                body = b'{"detail":"stub"}' if status >= 400 else b'{"exists":[]}'
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_sglang_client_retry_policy(sgl):
     """What SGLang's client does with statuses (so that the 404 test below means something):
     a 503 is retried (POST included; up to 3 times), a 404 is not."""
-    with _StubServer([503, 503, 200]) as stub:
+    with StubServer([503, 503, 200]) as stub:
         c = sgl.Hf3fsGlobalMetadataClient(stub.url)
         assert c.exists(0, ["a"]) == []
         assert stub.count == 3
-    with _StubServer([404]) as stub:
+    with StubServer([404]) as stub:
         c = sgl.Hf3fsGlobalMetadataClient(stub.url)
         with pytest.raises(RuntimeError) as e:
             c.exists(0, ["a"])

@@ -8,14 +8,13 @@ every status, body and page number.
 """
 
 import hashlib
-import http.server
 import json
-import threading
 import time
 
 import pytest
 import requests
 from requests.adapters import HTTPAdapter
+from stub import StubServer
 from urllib3.util.retry import Retry
 
 TP = 2
@@ -159,61 +158,22 @@ def client(base_url):
 # --------------------------------------------------------------------------------------------
 
 
-class _StubServer:
-    """A local HTTP server answering POSTs with a scripted list of statuses; counts requests."""
-
-    def __init__(self, statuses):
-        self.statuses = list(statuses)
-        self.count = 0
-        stub = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                i = stub.count
-                stub.count += 1
-                status = stub.statuses[min(i, len(stub.statuses) - 1)]
-                body = json.dumps({"detail": f"stub {status}"} if status >= 400 else {"exists": []})
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_client_retry_policy_matches_vllm():
     """503s are retried (POST included) and visible in urllib3's history; a 4xx is not retried.
     (That vLLM's own client does the same is checked in test_peer_parity.py.)"""
-    with _StubServer([503, 503, 200]) as stub:
+    with StubServer([503, 503, 200]) as stub:
         c = MetadataClient(stub.url)
         assert c.batch_key_exists([]) == []
         assert stub.count == 3
         assert len(c.last_response.raw.retries.history) == 2
         c.close()
-    with _StubServer([503]) as stub:
+    with StubServer([503]) as stub:
         c = MetadataClient(stub.url)
         with pytest.raises(requests.exceptions.RetryError):
             c.batch_key_exists([])
         assert stub.count == 4  # 1 + total=3 retries
         c.close()
-    with _StubServer([404]) as stub:
+    with StubServer([404]) as stub:
         c = MetadataClient(stub.url)
         with pytest.raises(requests.HTTPError) as err:
             c.batch_key_exists([])
