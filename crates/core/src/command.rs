@@ -185,6 +185,47 @@ impl Command {
     pub fn is_mutating(&self) -> bool {
         !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats | Command::ExportSglang)
     }
+
+    /// The command's name, for logs and messages (the WIT interface's function name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Configure(_) => "configure",
+            Command::Initialize { .. } => "initialize",
+            Command::Allocate { .. } => "allocate",
+            Command::Confirm { .. } => "confirm",
+            Command::Exists { .. } => "exists",
+            Command::Locations { .. } => "locations",
+            Command::Delete { .. } => "delete",
+            Command::Inspect { .. } => "inspect",
+            Command::Reset { .. } => "reset",
+            Command::Clear { .. } => "clear",
+            Command::Stats => "stats",
+            Command::ImportSglang { .. } => "import-sglang",
+            Command::ExportSglang => "export-sglang",
+            Command::LeaseAll => "lease-all",
+        }
+    }
+
+    /// The keys (and pages) the command carries: what the work of applying it grows with,
+    /// beside the state it touches.
+    pub fn keys_in(&self) -> usize {
+        match self {
+            Command::Allocate { keys, .. }
+            | Command::Exists { keys, .. }
+            | Command::Locations { keys, .. }
+            | Command::Delete { keys, .. } => keys.len(),
+            Command::Confirm { confirmations, releases, .. } => confirmations.len() + releases.len(),
+            Command::ImportSglang { pools, .. } => pools.iter().map(|p| p.keys.len() + p.free_pages.len()).sum(),
+            Command::Configure(_)
+            | Command::Initialize { .. }
+            | Command::Inspect { .. }
+            | Command::Reset { .. }
+            | Command::Clear { .. }
+            | Command::Stats
+            | Command::ExportSglang
+            | Command::LeaseAll => 0,
+        }
+    }
 }
 
 /// What [`Command::Initialize`] did.

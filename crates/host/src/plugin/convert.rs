@@ -18,39 +18,6 @@ use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};
 use crate::engine::EngineError;
 
-/// The command's name, for logs.
-pub(super) fn name(cmd: &Command) -> &'static str {
-    match cmd {
-        Command::Configure(_) => "configure",
-        Command::Initialize { .. } => "initialize",
-        Command::Allocate { .. } => "allocate",
-        Command::Confirm { .. } => "confirm",
-        Command::Exists { .. } => "exists",
-        Command::Locations { .. } => "locations",
-        Command::Delete { .. } => "delete",
-        Command::Inspect { .. } => "inspect",
-        Command::Reset { .. } => "reset",
-        Command::Clear { .. } => "clear",
-        Command::Stats => "stats",
-        Command::ImportSglang { .. } => "import-sglang",
-        Command::ExportSglang => "export-sglang",
-        Command::LeaseAll => "lease-all",
-    }
-}
-
-/// Keys (and pages) a command carries: what its time budget and journal weight grow with.
-pub(super) fn keys_in(cmd: &Command) -> usize {
-    match cmd {
-        Command::Allocate { keys, .. }
-        | Command::Exists { keys, .. }
-        | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => keys.len(),
-        Command::Confirm { confirmations, releases, .. } => confirmations.len() + releases.len(),
-        Command::ImportSglang { pools, .. } => pools.iter().map(|p| p.keys.len() + p.free_pages.len()).sum(),
-        _ => 0,
-    }
-}
-
 pub(super) use kvpages_plugin::convert::RAW_HEX;
 
 /// Keys in the `packed-keys` format (`kvpages_plugin::convert::pack_keys`, the one encoder
@@ -348,7 +315,7 @@ pub(super) fn call(
             }
             e => e,
         }),
-        Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", name(cmd)))),
+        Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", cmd.name()))),
     })
 }
 
@@ -522,7 +489,7 @@ fn budget(cmd: &Command) -> Budget {
         | Command::Confirm { .. }
         | Command::Exists { .. }
         | Command::Locations { .. }
-        | Command::Delete { .. } => Budget::Keys(keys_in(cmd)),
+        | Command::Delete { .. } => Budget::Keys(cmd.keys_in()),
     }
 }
 

@@ -159,7 +159,7 @@ impl PluginEngine {
             // Only applied commands are journaled, and the core is deterministic: each applies again.
             convert::call(&mut inst, now, &cmd, &mut buf)
                 .map_err(|t| format!("replaying journal entry {i}: {t}"))?
-                .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", convert::name(&cmd)))?;
+                .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", cmd.name()))?;
         }
         Ok(inst)
     }
@@ -167,7 +167,7 @@ impl PluginEngine {
     /// Records an applied mutating command; snapshots when the journal has grown enough.
     fn journal(&mut self, now: Millis, cmd: &Command, took: std::time::Duration) {
         let r = &mut self.recovery;
-        r.units += 1 + convert::keys_in(cmd);
+        r.units += 1 + cmd.keys_in();
         r.applied += took;
         r.journal.push(now, cmd, self.buf.keys());
         let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
@@ -248,7 +248,7 @@ impl Engine for PluginEngine {
                 self.faults += 1;
                 crate::metrics::plugin_faulted();
                 let mutating = cmd.is_mutating();
-                tracing::error!(command = convert::name(cmd), faults = self.faults, rebuild = mutating, "{why}");
+                tracing::error!(command = cmd.name(), faults = self.faults, rebuild = mutating, "{why}");
                 if mutating {
                     self.reinstate();
                 }
@@ -262,7 +262,7 @@ impl Engine for PluginEngine {
                 result
             }
             Err(trap) => {
-                let restored = self.contain(&trap, convert::name(cmd));
+                let restored = self.contain(&trap, cmd.name());
                 Err(EngineError::Trapped { cause: trap.to_string(), restored })
             }
         }
