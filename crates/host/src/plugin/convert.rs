@@ -1,5 +1,5 @@
 //! `Command` → one call → `Reply`, by either way in: a request to the plugin's direct entry
-//! point (`kvpages_plugin::direct`, whose codec both sides share), or the host side of
+//! point (in `kvpages_abi::direct`'s frames, the codec the guest shares), or the host side of
 //! `wit/kvpages.wit`, field for field.
 //!
 //! The guest's domain errors come back as the core's [`kvpages_core::Error`], so the routes
@@ -9,25 +9,13 @@
 
 use std::hash::BuildHasher;
 
+use kvpages_abi::{direct, keys};
 use kvpages_core as kv;
 use kvpages_core::{Command, Key, Millis, Reply};
-
-use kvpages_plugin::direct;
 
 use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};
 use crate::engine::EngineError;
-
-pub(super) use kvpages_plugin::convert::RAW_HEX;
-
-/// Keys in the `packed-keys` format (`kvpages_plugin::convert::pack_keys`, the one encoder
-/// for both ways in): a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its 16 bytes,
-/// which the guest takes as they are; any other key as `u16le length ++ text`.
-fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
-    let mut out = Vec::new();
-    kvpages_plugin::convert::pack_keys(&mut out, keys);
-    out
-}
 
 /// A call's bytes, kept by the engine across calls (one buffer): through the WIT interface the
 /// packed keys, through the direct entry point the whole request, its packed keys from `keys`
@@ -65,29 +53,6 @@ impl CallBuffer {
     pub(super) fn keys(&self) -> &[u8] {
         &self.bytes[self.keys..]
     }
-}
-
-/// The keys `cmd` carries into its call, packed into `out` (emptied for a command without).
-pub(super) fn pack_keys_of(out: &mut Vec<u8>, cmd: &Command) {
-    out.clear();
-    match cmd {
-        Command::Allocate { keys, .. }
-        | Command::Exists { keys, .. }
-        | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => kvpages_plugin::convert::pack_keys(out, keys.iter()),
-        Command::Confirm { confirmations, .. } => {
-            kvpages_plugin::convert::pack_keys(out, confirmations.iter().map(|(k, _)| k))
-        }
-        _ => {}
-    }
-}
-
-/// Decodes `allocate`'s `packed-allocations`: two words a distinct key.
-fn allocations(words: &[u32]) -> Result<Vec<kv::Allocation>, EngineError> {
-    let (pairs, []) = words.as_chunks::<2>() else {
-        return Err(EngineError::Fault(format!("the plugin answered {} allocation words, not pairs", words.len())));
-    };
-    Ok(pairs.iter().map(|&[index, page]| kvpages_plugin::convert::allocation_of(index, page)).collect())
 }
 
 fn space(s: &kv::Space) -> wit::Space {
@@ -175,27 +140,6 @@ fn key(text: &str) -> Result<Key, EngineError> {
     Key::parse(text).map_err(|e| EngineError::Fault(format!("the plugin answered a key that does not parse: {e}")))
 }
 
-fn unpack(bytes: &[u8]) -> Result<Vec<Key>, EngineError> {
-    let bad = || EngineError::Fault("the plugin answered a malformed key batch".into());
-    let mut keys = Vec::new();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let [lo, hi, tail @ ..] = rest else { return Err(bad()) };
-        let prefix = u16::from_le_bytes([*lo, *hi]);
-        if prefix == RAW_HEX {
-            let (raw, after) = tail.split_first_chunk::<16>().ok_or_else(bad)?;
-            keys.push(Key::Hex(*raw));
-            rest = after;
-            continue;
-        }
-        let len = usize::from(prefix);
-        let text = tail.get(..len).and_then(|b| std::str::from_utf8(b).ok()).ok_or_else(bad)?;
-        keys.push(key(text)?);
-        rest = &tail[len..];
-    }
-    Ok(keys)
-}
-
 fn stats(s: wit::EngineStats) -> kv::Stats {
     kv::Stats {
         settings: settings_in(s.settings),
@@ -264,13 +208,18 @@ fn sglang_pool(p: &kv::SglangPool) -> wit::SglangPool {
         namespace: p.namespace.to_string(),
         num_pages: p.num_pages,
         free_pages: p.free_pages.clone(),
-        keys: packed(p.keys.iter().map(|(k, _)| k)),
+        keys: {
+            let mut packed = Vec::new();
+            keys::pack_keys(&mut packed, p.keys.iter().map(|(k, _)| k));
+            packed
+        },
         pages: p.keys.iter().map(|(_, page)| *page).collect(),
     }
 }
 
 fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
-    let keys = unpack(&p.keys)?;
+    let keys = keys::unpack_keys(&p.keys)
+        .map_err(|why| EngineError::Fault(format!("the plugin answered a malformed key batch: {why}")))?;
     if keys.len() != p.pages.len() {
         return Err(EngineError::Fault("the plugin answered a pool with keys and pages of unequal length".into()));
     }
@@ -303,7 +252,7 @@ pub(super) fn call(
             Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
         }
     } else {
-        pack_keys_of(&mut buf.bytes, cmd);
+        keys::pack_keys_of(&mut buf.bytes, cmd);
         buf.keys = 0;
         call_wit(inst, now, cmd, budget, &buf.bytes)?
     };
@@ -424,11 +373,10 @@ fn answered_once(keys: &[Key], allocations: &[kv::Allocation], seen: &mut Seen) 
 /// A fresh engine in `inst` (either way in).
 pub(super) fn create(inst: &mut Instance, seed: u64, set: kv::Settings) -> Result<(), String> {
     if inst.is_direct() {
-        let mut request = vec![direct::CREATE];
-        request.extend_from_slice(&seed.to_le_bytes());
-        let request = postcard::to_extend(&set, request).map_err(|e| format!("create: {e}"))?;
+        let mut request = Vec::new();
+        direct::encode_create(&mut request, seed, &set);
         let (status, reply) = inst.exchange(Budget::Fixed, &request).map_err(|t| format!("create: {t}"))?;
-        return ok_or_fault(status, reply, "create");
+        return direct::decode_done(status, reply).map_err(|why| format!("create: {why}"));
     }
     let set = settings(set);
     inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_create(s, seed, set))
@@ -439,11 +387,10 @@ pub(super) fn create(inst: &mut Instance, seed: u64, set: kv::Settings) -> Resul
 pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String> {
     let budget = Budget::Restore(snapshot.len());
     if inst.is_direct() {
-        let mut request = Vec::with_capacity(1 + snapshot.len());
-        request.push(direct::RESTORE);
-        request.extend_from_slice(snapshot);
+        let mut request = Vec::new();
+        direct::encode_restore(&mut request, snapshot);
         let (status, reply) = inst.exchange(budget, &request).map_err(|t| format!("restore: {t}"))?;
-        return ok_or_fault(status, reply, "restore refused the snapshot");
+        return direct::decode_done(status, reply).map_err(|why| format!("restore refused the snapshot: {why}"));
     }
     inst.call(budget, |p, s| p.kvpages_engine_engine().call_restore(s, snapshot))
         .map_err(|t| format!("restore: {t}"))?
@@ -453,25 +400,14 @@ pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String
 /// `inst`'s snapshot (either way in): the outer `Err` a trap, the inner a refusal.
 pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, Trap> {
     if inst.is_direct() {
-        let (status, reply) = inst.exchange(Budget::State, &[direct::SNAPSHOT])?;
-        return Ok(match status {
-            direct::OK => Ok(reply.to_vec()),
-            direct::FAULT => Err(direct::fault_text(reply)),
-            other => Err(format!("an unknown status {other}")),
-        });
+        let mut request = Vec::new();
+        direct::encode_snapshot(&mut request);
+        let (status, reply) = inst.exchange(Budget::State, &request)?;
+        return Ok(direct::decode_snapshot(status, reply).map(<[u8]>::to_vec));
     }
     Ok(inst
         .call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?
         .map_err(|e| capped(&format!("{e:?}"))))
-}
-
-/// A direct reply that carries nothing when it is [`direct::OK`].
-fn ok_or_fault(status: u32, reply: &[u8], what: &str) -> Result<(), String> {
-    match status {
-        direct::OK => Ok(()),
-        direct::FAULT => Err(format!("{what}: {}", direct::fault_text(reply))),
-        other => Err(format!("{what}: an unknown status {other}")),
-    }
 }
 
 /// The time a command may take.
@@ -522,10 +458,13 @@ fn call_wit(
                     },
                 })
                 .map_err(error),
-            Command::Allocate { space: sp, rank, .. } => e
-                .call_allocate(s, now, &space(sp), *rank, keys)?
-                .map_err(error)
-                .and_then(|words| allocations(&words).map(Reply::Allocated)),
+            Command::Allocate { space: sp, rank, .. } => {
+                e.call_allocate(s, now, &space(sp), *rank, keys)?.map_err(error).and_then(|words| {
+                    kvpages_abi::allocations::unpack_allocations(&words)
+                        .map(Reply::Allocated)
+                        .map_err(|why| EngineError::Fault(format!("the plugin answered {why}")))
+                })
+            }
             Command::Confirm { space: sp, rank, confirmations, releases } => {
                 let pages: Vec<u32> = confirmations.iter().map(|(_, p)| *p).collect();
                 e.call_confirm(s, now, &space(sp), *rank, keys, &pages, releases)?
@@ -594,40 +533,6 @@ fn call_wit(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn packed_keys_are_raw_hex_or_their_text_with_a_length() {
-        let keys: Vec<Key> = ["386b2d9cf5aa91ba3a4b42c35396c822", "k", "386B2D9CF5AA91BA3A4B42C35396C822"]
-            .map(|k| Key::parse(k).unwrap())
-            .into();
-        let bytes = packed(keys.iter());
-        assert_eq!(&bytes[..2], &[0x10, 0x80]);
-        assert_eq!(
-            &bytes[2..18],
-            &[0x38, 0x6b, 0x2d, 0x9c, 0xf5, 0xaa, 0x91, 0xba, 0x3a, 0x4b, 0x42, 0xc3, 0x53, 0x96, 0xc8, 0x22]
-        );
-        assert_eq!(&bytes[18..21], &[1, 0, b'k']);
-        // Upper-case hex is not the canonical form: a text key.
-        assert_eq!(&bytes[21..23], &[32, 0]);
-        assert_eq!(&bytes[23..], b"386B2D9CF5AA91BA3A4B42C35396C822");
-        assert_eq!(unpack(&bytes).unwrap(), keys);
-        // The guest's text form of a hex key is the same key.
-        let mut text = vec![32, 0];
-        text.extend_from_slice(b"386b2d9cf5aa91ba3a4b42c35396c822");
-        assert_eq!(unpack(&text).unwrap(), keys[..1]);
-        assert!(unpack(&[0x10, 0x80, 1, 2]).is_err());
-    }
-
-    #[test]
-    fn a_plugins_texts_are_capped_at_1_kib() {
-        assert_eq!(capped("short"), "short");
-        let long = "é".repeat(1000); // 2,000 bytes; byte 1,024 ends a character
-        let got = capped(&long);
-        assert!(got.starts_with(&"é".repeat(512)) && got.ends_with("… (2000 bytes)"), "{got}");
-        // Cut inside a character: a replacement character, no panic.
-        let odd = format!("x{long}");
-        assert!(capped(&odd).contains('\u{fffd}'));
-    }
 
     /// [`fits`] with tables of its own.
     fn fit(cmd: &Command, answer: &Result<Reply, EngineError>) -> Result<(), String> {
@@ -801,15 +706,5 @@ mod tests {
         assert!(matches!(core.clone().apply(2, &empty), Ok(Reply::Confirmed(_))));
         let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![] }));
         assert_eq!(fit(&empty, &answer).unwrap_err(), "nothing confirmed with 0 refusals for 0 pairs");
-    }
-
-    #[test]
-    fn packed_allocations_decode_with_the_hit_flag_and_the_no_page_word() {
-        let got = allocations(&[0, 7, 1 | 1 << 31, 3, 5, u32::MAX]).unwrap();
-        let want = [(0, Some(7), false), (1, Some(3), true), (5, None, false)]
-            .map(|(index, page, cached)| kv::Allocation { index, page, cached });
-        assert_eq!(got, want);
-        assert_eq!(allocations(&[]).unwrap(), []);
-        assert!(matches!(allocations(&[0, 1, 2]), Err(EngineError::Fault(e)) if e.contains("3 allocation words")));
     }
 }

@@ -21,7 +21,7 @@
 
 use kvpages_core::{Command, Key, Millis, Space};
 
-use super::convert::RAW_HEX;
+use kvpages_abi::keys::RAW_HEX;
 
 const GENERAL: u8 = 0;
 const FAST_ALLOCATE: u8 = 1;
@@ -52,7 +52,7 @@ impl Journal {
     }
 
     /// Records `cmd`, applied at `now`; `packed` is its keys as the plugin call took them
-    /// (`packed-keys`, see `convert::packed`; any bytes for a command without keys).
+    /// (`packed-keys`, see `kvpages_abi::keys`; any bytes for a command without keys).
     pub(super) fn push(&mut self, now: Millis, cmd: &Command, packed: &[u8]) {
         let b = &mut self.buf;
         // All 32-hex keys: `packed` is 18 bytes each, the fast forms' key records. Each part
@@ -184,7 +184,7 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::convert::pack_keys_of;
+    use kvpages_abi::keys::pack_keys_of;
 
     /// Records `cmd` the way the engine does: with its keys as the call took them.
     fn push(j: &mut Journal, now: Millis, cmd: &Command) {
