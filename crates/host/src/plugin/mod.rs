@@ -17,7 +17,7 @@
 //! the journal. The core is deterministic, so the replayed state is the state before the failing
 //! call; that call is answered 503 (`plugin-trapped`) and was not applied. Reads are never
 //! journaled: the core guarantees that replay does not depend on them. A malformed answer to a
-//! mutating command (or one that does not fit its batch, see `convert::fits`) is an engine
+//! mutating command (or one that does not fit its batch, see `kvpages_abi::fits`) is an engine
 //! fault, and the instance is rebuilt the same way: the guest may have applied the command,
 //! which the journal does not hold. Every malformed answer, to a read too, is logged at `error`
 //! and counted (`PluginEngine::faults`, `kvpages_plugin_faults_total`), not as a trap.
