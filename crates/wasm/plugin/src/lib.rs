@@ -43,8 +43,8 @@ mod bindings {
     wit_bindgen::generate!({
         path: "../../../wit",
         world: "plugin",
-        // PartialEq for the unit tests' assertions; Clone for hosts of the rlib.
-        additional_derives: [PartialEq, Clone],
+        // PartialEq for the unit tests' assertions.
+        additional_derives: [PartialEq],
     });
 }
 
