@@ -474,3 +474,40 @@ pub struct KeyInfo {
     /// Whether eviction may take it now.
     pub evictable: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use super::*;
+
+    #[test]
+    fn a_commands_keys_in_counts_its_keys_and_pages() {
+        let key = |s: &str| Key::parse(s).unwrap();
+        let pool = SglangPool {
+            rank: 0,
+            namespace: "kv".into(),
+            num_pages: 8,
+            free_pages: vec![5, 6, 7],
+            keys: vec![(key("a"), 0), (key("b"), 1)],
+        };
+        for (cmd, name, keys) in [
+            (Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![key("a"), key("a")] }, "allocate", 2),
+            (
+                Command::Confirm {
+                    space: Space::Vllm,
+                    rank: 0,
+                    confirmations: vec![(key("a"), 0)],
+                    releases: vec![1, 2],
+                },
+                "confirm",
+                3,
+            ),
+            (Command::ImportSglang { pools: vec![pool.clone(), pool], replace: false }, "import-sglang", 10),
+            (Command::Inspect { space: Space::Vllm, key: key("a") }, "inspect", 0),
+            (Command::LeaseAll, "lease-all", 0),
+        ] {
+            assert_eq!((cmd.name(), cmd.keys_in()), (name, keys), "{cmd:?}");
+        }
+    }
+}
