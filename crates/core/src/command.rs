@@ -185,6 +185,47 @@ impl Command {
     pub fn is_mutating(&self) -> bool {
         !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats | Command::ExportSglang)
     }
+
+    /// The command's name, for logs and messages (the WIT interface's function name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Configure(_) => "configure",
+            Command::Initialize { .. } => "initialize",
+            Command::Allocate { .. } => "allocate",
+            Command::Confirm { .. } => "confirm",
+            Command::Exists { .. } => "exists",
+            Command::Locations { .. } => "locations",
+            Command::Delete { .. } => "delete",
+            Command::Inspect { .. } => "inspect",
+            Command::Reset { .. } => "reset",
+            Command::Clear { .. } => "clear",
+            Command::Stats => "stats",
+            Command::ImportSglang { .. } => "import-sglang",
+            Command::ExportSglang => "export-sglang",
+            Command::LeaseAll => "lease-all",
+        }
+    }
+
+    /// The keys (and pages) the command carries: what the work of applying it grows with,
+    /// beside the state it touches.
+    pub fn keys_in(&self) -> usize {
+        match self {
+            Command::Allocate { keys, .. }
+            | Command::Exists { keys, .. }
+            | Command::Locations { keys, .. }
+            | Command::Delete { keys, .. } => keys.len(),
+            Command::Confirm { confirmations, releases, .. } => confirmations.len() + releases.len(),
+            Command::ImportSglang { pools, .. } => pools.iter().map(|p| p.keys.len() + p.free_pages.len()).sum(),
+            Command::Configure(_)
+            | Command::Initialize { .. }
+            | Command::Inspect { .. }
+            | Command::Reset { .. }
+            | Command::Clear { .. }
+            | Command::Stats
+            | Command::ExportSglang
+            | Command::LeaseAll => 0,
+        }
+    }
 }
 
 /// What [`Command::Initialize`] did.
@@ -432,4 +473,41 @@ pub struct KeyInfo {
     pub lease_remaining: Millis,
     /// Whether eviction may take it now.
     pub evictable: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use super::*;
+
+    #[test]
+    fn a_commands_keys_in_counts_its_keys_and_pages() {
+        let key = |s: &str| Key::parse(s).unwrap();
+        let pool = SglangPool {
+            rank: 0,
+            namespace: "kv".into(),
+            num_pages: 8,
+            free_pages: vec![5, 6, 7],
+            keys: vec![(key("a"), 0), (key("b"), 1)],
+        };
+        for (cmd, name, keys) in [
+            (Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![key("a"), key("a")] }, "allocate", 2),
+            (
+                Command::Confirm {
+                    space: Space::Vllm,
+                    rank: 0,
+                    confirmations: vec![(key("a"), 0)],
+                    releases: vec![1, 2],
+                },
+                "confirm",
+                3,
+            ),
+            (Command::ImportSglang { pools: vec![pool.clone(), pool], replace: false }, "import-sglang", 10),
+            (Command::Inspect { space: Space::Vllm, key: key("a") }, "inspect", 0),
+            (Command::LeaseAll, "lease-all", 0),
+        ] {
+            assert_eq!((cmd.name(), cmd.keys_in()), (name, keys), "{cmd:?}");
+        }
+    }
 }

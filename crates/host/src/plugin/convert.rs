@@ -1,5 +1,5 @@
 //! `Command` → one call → `Reply`, by either way in: a request to the plugin's direct entry
-//! point (`kvpages_plugin::direct`, whose codec both sides share), or the host side of
+//! point (in `kvpages_abi::direct`'s frames, the codec the guest shares), or the host side of
 //! `wit/kvpages.wit`, field for field.
 //!
 //! The guest's domain errors come back as the core's [`kvpages_core::Error`], so the routes
@@ -9,88 +9,35 @@
 
 use std::hash::BuildHasher;
 
+use kvpages_abi::{Seen, direct, keys};
 use kvpages_core as kv;
 use kvpages_core::{Command, Key, Millis, Reply};
-
-use kvpages_plugin::direct;
 
 use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};
 use crate::engine::EngineError;
 
-/// The command's name, for logs.
-pub(super) fn name(cmd: &Command) -> &'static str {
-    match cmd {
-        Command::Configure(_) => "configure",
-        Command::Initialize { .. } => "initialize",
-        Command::Allocate { .. } => "allocate",
-        Command::Confirm { .. } => "confirm",
-        Command::Exists { .. } => "exists",
-        Command::Locations { .. } => "locations",
-        Command::Delete { .. } => "delete",
-        Command::Inspect { .. } => "inspect",
-        Command::Reset { .. } => "reset",
-        Command::Clear { .. } => "clear",
-        Command::Stats => "stats",
-        Command::ImportSglang { .. } => "import-sglang",
-        Command::ExportSglang => "export-sglang",
-        Command::LeaseAll => "lease-all",
-    }
-}
-
-/// Keys (and pages) a command carries: what its time budget and journal weight grow with.
-pub(super) fn keys_in(cmd: &Command) -> usize {
-    match cmd {
-        Command::Allocate { keys, .. }
-        | Command::Exists { keys, .. }
-        | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => keys.len(),
-        Command::Confirm { confirmations, releases, .. } => confirmations.len() + releases.len(),
-        Command::ImportSglang { pools, .. } => pools.iter().map(|p| p.keys.len() + p.free_pages.len()).sum(),
-        _ => 0,
-    }
-}
-
-pub(super) use kvpages_plugin::convert::RAW_HEX;
-
-/// Keys in the `packed-keys` format (`kvpages_plugin::convert::pack_keys`, the one encoder
-/// for both ways in): a 32-hex key (vLLM's and SGLang's) as [`RAW_HEX`] and its 16 bytes,
-/// which the guest takes as they are; any other key as `u16le length ++ text`.
-fn packed<'a>(keys: impl ExactSizeIterator<Item = &'a Key>) -> Vec<u8> {
-    let mut out = Vec::new();
-    kvpages_plugin::convert::pack_keys(&mut out, keys);
-    out
-}
-
 /// A call's bytes, kept by the engine across calls (one buffer): through the WIT interface the
 /// packed keys, through the direct entry point the whole request, its packed keys from `keys`
 /// on. The journal copies the keys from here.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct CallBuffer {
     bytes: Vec<u8>,
     keys: usize,
+    /// [`kvpages_abi::fits`]' tables.
     seen: Seen,
 }
 
-/// [`answered_once`]'s tables, kept between calls (no allocation a call once they have grown to
-/// the largest batch), and its hasher, seeded at random: a client that knew the seed could send
-/// keys that all collide, or shape the free list so that a batch's pages did.
-pub(super) struct Seen {
-    hasher: foldhash::fast::FixedState,
-    tables: Vec<u32>,
-}
-
-impl Default for Seen {
-    fn default() -> Seen {
-        let seed = std::collections::hash_map::RandomState::new().hash_one(0u64);
-        Seen { hasher: foldhash::fast::FixedState::with_seed(seed), tables: Vec::new() }
+impl Default for CallBuffer {
+    fn default() -> CallBuffer {
+        CallBuffer { bytes: Vec::new(), keys: 0, seen: seen() }
     }
 }
 
-impl std::fmt::Debug for Seen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Seen").field("tables", &self.tables.len()).finish_non_exhaustive()
-    }
+/// [`kvpages_abi::fits`]' tables, hashing with a seed drawn at random: a client that knew it
+/// could send keys that all collide, or shape the free list so that a batch's pages did.
+fn seen() -> Seen {
+    Seen::new(std::collections::hash_map::RandomState::new().hash_one(0u64))
 }
 
 impl CallBuffer {
@@ -98,29 +45,6 @@ impl CallBuffer {
     pub(super) fn keys(&self) -> &[u8] {
         &self.bytes[self.keys..]
     }
-}
-
-/// The keys `cmd` carries into its call, packed into `out` (emptied for a command without).
-pub(super) fn pack_keys_of(out: &mut Vec<u8>, cmd: &Command) {
-    out.clear();
-    match cmd {
-        Command::Allocate { keys, .. }
-        | Command::Exists { keys, .. }
-        | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => kvpages_plugin::convert::pack_keys(out, keys.iter()),
-        Command::Confirm { confirmations, .. } => {
-            kvpages_plugin::convert::pack_keys(out, confirmations.iter().map(|(k, _)| k))
-        }
-        _ => {}
-    }
-}
-
-/// Decodes `allocate`'s `packed-allocations`: two words a distinct key.
-fn allocations(words: &[u32]) -> Result<Vec<kv::Allocation>, EngineError> {
-    let (pairs, []) = words.as_chunks::<2>() else {
-        return Err(EngineError::Fault(format!("the plugin answered {} allocation words, not pairs", words.len())));
-    };
-    Ok(pairs.iter().map(|&[index, page]| kvpages_plugin::convert::allocation_of(index, page)).collect())
 }
 
 fn space(s: &kv::Space) -> wit::Space {
@@ -208,27 +132,6 @@ fn key(text: &str) -> Result<Key, EngineError> {
     Key::parse(text).map_err(|e| EngineError::Fault(format!("the plugin answered a key that does not parse: {e}")))
 }
 
-fn unpack(bytes: &[u8]) -> Result<Vec<Key>, EngineError> {
-    let bad = || EngineError::Fault("the plugin answered a malformed key batch".into());
-    let mut keys = Vec::new();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let [lo, hi, tail @ ..] = rest else { return Err(bad()) };
-        let prefix = u16::from_le_bytes([*lo, *hi]);
-        if prefix == RAW_HEX {
-            let (raw, after) = tail.split_first_chunk::<16>().ok_or_else(bad)?;
-            keys.push(Key::Hex(*raw));
-            rest = after;
-            continue;
-        }
-        let len = usize::from(prefix);
-        let text = tail.get(..len).and_then(|b| std::str::from_utf8(b).ok()).ok_or_else(bad)?;
-        keys.push(key(text)?);
-        rest = &tail[len..];
-    }
-    Ok(keys)
-}
-
 fn stats(s: wit::EngineStats) -> kv::Stats {
     kv::Stats {
         settings: settings_in(s.settings),
@@ -297,13 +200,18 @@ fn sglang_pool(p: &kv::SglangPool) -> wit::SglangPool {
         namespace: p.namespace.to_string(),
         num_pages: p.num_pages,
         free_pages: p.free_pages.clone(),
-        keys: packed(p.keys.iter().map(|(k, _)| k)),
+        keys: {
+            let mut packed = Vec::new();
+            keys::pack_keys(&mut packed, p.keys.iter().map(|(k, _)| k));
+            packed
+        },
         pages: p.keys.iter().map(|(_, page)| *page).collect(),
     }
 }
 
 fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
-    let keys = unpack(&p.keys)?;
+    let keys = keys::unpack_keys(&p.keys)
+        .map_err(|why| EngineError::Fault(format!("the plugin answered a malformed key batch: {why}")))?;
     if keys.len() != p.pages.len() {
         return Err(EngineError::Fault("the plugin answered a pool with keys and pages of unequal length".into()));
     }
@@ -336,7 +244,7 @@ pub(super) fn call(
             Err(why) => Err(EngineError::Fault(format!("the plugin's direct entry point: {why}"))),
         }
     } else {
-        pack_keys_of(&mut buf.bytes, cmd);
+        keys::pack_keys_of(&mut buf.bytes, cmd);
         buf.keys = 0;
         call_wit(inst, now, cmd, budget, &buf.bytes)?
     };
@@ -348,7 +256,7 @@ pub(super) fn call(
             }
             e => e,
         }),
-        Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", name(cmd)))),
+        Err(why) => Err(EngineError::Fault(format!("the plugin answered {}: {why}", cmd.name()))),
     })
 }
 
@@ -358,110 +266,22 @@ fn capped(text: &str) -> String {
     direct::fault_text(text.as_bytes())
 }
 
-/// Whether a plugin's answer fits `cmd` where the routes rely on it: they index the batch's
-/// keys by the answer, so a plugin (trusted for nothing) must answer a batch lookup key for key
-/// and allocations at key positions, in range and in increasing order, each distinct key's
-/// first position exactly once and no page twice, as the core does ([`answered_once`]). A
-/// confirm's refusals are at most one a pair (and, when nothing was confirmed, exactly one, for
-/// a batch of at least one pair), its ignored releases at most one a release: so what a plugin
-/// answers is bounded by what it was asked. `seen`: [`answered_once`]'s tables.
+/// [`kvpages_abi::fits`] over the engine's result: a fault or a trap carries no answer to check.
 fn fits(cmd: &Command, answer: &Result<Reply, EngineError>, seen: &mut Seen) -> Result<(), String> {
-    let most = |what: &str, n: usize, of: usize, unit: &str| match n > of {
-        true => Err(format!("{n} {what} for {of} {unit}")),
-        false => Ok(()),
-    };
-    match (cmd, answer) {
-        (Command::Exists { keys, .. }, Ok(Reply::Exists(answers))) if answers.len() != keys.len() => {
-            Err(format!("{} answers for {} keys", answers.len(), keys.len()))
-        }
-        (Command::Locations { keys, .. }, Ok(Reply::Locations(answers))) if answers.len() != keys.len() => {
-            Err(format!("{} answers for {} keys", answers.len(), keys.len()))
-        }
-        (Command::Allocate { keys, .. }, Ok(Reply::Allocated(a))) => {
-            let mut next = 0;
-            for a in a {
-                if (a.index as usize) < next || a.index as usize >= keys.len() {
-                    return Err(format!("an allocation for key {} of {} out of order or range", a.index, keys.len()));
-                }
-                next = a.index as usize + 1;
-            }
-            answered_once(keys, a, seen)
-        }
-        (Command::Confirm { confirmations, releases, .. }, Ok(Reply::Confirmed(r))) => {
-            most("refusals", r.refused.len(), confirmations.len(), "pairs")?;
-            most("ignored releases", r.ignored_releases.len(), releases.len(), "releases")
-        }
-        (Command::Confirm { confirmations, .. }, Err(EngineError::Domain(kv::Error::NothingConfirmed { refused })))
-            if refused.len() != confirmations.len() || confirmations.is_empty() =>
-        {
-            Err(format!("nothing confirmed with {} refusals for {} pairs", refused.len(), confirmations.len()))
-        }
-        _ => Ok(()),
+    match answer {
+        Ok(reply) => kvpages_abi::fits(cmd, Ok(reply), seen),
+        Err(EngineError::Domain(e)) => kvpages_abi::fits(cmd, Err(e), seen),
+        Err(_) => Ok(()),
     }
-}
-
-/// Whether `allocations` (in range and increasing: checked before) answer exactly the first
-/// position of each distinct key of `keys`, and name no page twice — as the core's do: a key's
-/// repeats share its answer, and two keys of one batch never hold one page. A plugin that left
-/// a key out would have vLLM's client miss it, one that answered a repeat would list a key
-/// twice, one that gave two keys a page would have them overwrite each other's block.
-fn answered_once(keys: &[Key], allocations: &[kv::Allocation], seen: &mut Seen) -> Result<(), String> {
-    // Two linear-probing tables at most half full, found by a hash's top bits, in `seen`: of
-    // key positions (+1; 0 is empty) and of pages (+1; u32::MAX, no rank's page, is refused).
-    // Through two std `HashSet`s a call this check cost the plugin's 32-key save ~12 % more
-    // instructions, through two tables allocated a call ~7 %, this way ~5 % (valgrind counts
-    // each byte of the tables' clearing, a `rep stos`, as an instruction).
-    let bits = (keys.len() * 2).next_power_of_two().max(2).trailing_zeros();
-    let (len, shift) = (1usize << bits, 64 - bits);
-    let Seen { hasher, tables } = seen;
-    tables.clear();
-    tables.resize(2 * len, 0);
-    let (firsts, pages) = tables.split_at_mut(len);
-    let mut answers = allocations.iter().peekable();
-    for (i, key) in keys.iter().enumerate() {
-        let mut b = (hasher.hash_one(key) >> shift) as usize;
-        let first = loop {
-            match firsts[b] {
-                0 => {
-                    firsts[b] = i as u32 + 1;
-                    break true;
-                }
-                at if keys[at as usize - 1] == *key => break false,
-                _ => b = (b + 1) & (len - 1),
-            }
-        };
-        match (first, answers.next_if(|a| a.index as usize == i)) {
-            (true, None) => return Err(format!("no allocation for key {i}, the first of its kind")),
-            (false, Some(_)) => return Err(format!("an allocation for key {i}, a repeat of an earlier key")),
-            (_, Some(&kv::Allocation { page: Some(page), .. })) => {
-                let Some(mark) = page.checked_add(1) else {
-                    return Err(format!("page {page} for key {i}, past any rank's pages"));
-                };
-                let mut b = (hasher.hash_one(page) >> shift) as usize;
-                loop {
-                    match pages[b] {
-                        0 => break pages[b] = mark,
-                        p if p == mark => {
-                            return Err(format!("page {page} allocated to two keys (the second: key {i})"));
-                        }
-                        _ => b = (b + 1) & (len - 1),
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// A fresh engine in `inst` (either way in).
 pub(super) fn create(inst: &mut Instance, seed: u64, set: kv::Settings) -> Result<(), String> {
     if inst.is_direct() {
-        let mut request = vec![direct::CREATE];
-        request.extend_from_slice(&seed.to_le_bytes());
-        let request = postcard::to_extend(&set, request).map_err(|e| format!("create: {e}"))?;
+        let mut request = Vec::new();
+        direct::encode_create(&mut request, seed, &set);
         let (status, reply) = inst.exchange(Budget::Fixed, &request).map_err(|t| format!("create: {t}"))?;
-        return ok_or_fault(status, reply, "create");
+        return direct::decode_done(status, reply).map_err(|why| format!("create: {why}"));
     }
     let set = settings(set);
     inst.call(Budget::Fixed, |p, s| p.kvpages_engine_engine().call_create(s, seed, set))
@@ -472,11 +292,10 @@ pub(super) fn create(inst: &mut Instance, seed: u64, set: kv::Settings) -> Resul
 pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String> {
     let budget = Budget::Restore(snapshot.len());
     if inst.is_direct() {
-        let mut request = Vec::with_capacity(1 + snapshot.len());
-        request.push(direct::RESTORE);
-        request.extend_from_slice(snapshot);
+        let mut request = Vec::new();
+        direct::encode_restore(&mut request, snapshot);
         let (status, reply) = inst.exchange(budget, &request).map_err(|t| format!("restore: {t}"))?;
-        return ok_or_fault(status, reply, "restore refused the snapshot");
+        return direct::decode_done(status, reply).map_err(|why| format!("restore refused the snapshot: {why}"));
     }
     inst.call(budget, |p, s| p.kvpages_engine_engine().call_restore(s, snapshot))
         .map_err(|t| format!("restore: {t}"))?
@@ -486,25 +305,14 @@ pub(super) fn restore(inst: &mut Instance, snapshot: &[u8]) -> Result<(), String
 /// `inst`'s snapshot (either way in): the outer `Err` a trap, the inner a refusal.
 pub(super) fn snapshot(inst: &mut Instance) -> Result<Result<Vec<u8>, String>, Trap> {
     if inst.is_direct() {
-        let (status, reply) = inst.exchange(Budget::State, &[direct::SNAPSHOT])?;
-        return Ok(match status {
-            direct::OK => Ok(reply.to_vec()),
-            direct::FAULT => Err(direct::fault_text(reply)),
-            other => Err(format!("an unknown status {other}")),
-        });
+        let mut request = Vec::new();
+        direct::encode_snapshot(&mut request);
+        let (status, reply) = inst.exchange(Budget::State, &request)?;
+        return Ok(direct::decode_snapshot(status, reply).map(<[u8]>::to_vec));
     }
     Ok(inst
         .call(Budget::State, |p, s| p.kvpages_engine_engine().call_snapshot(s))?
         .map_err(|e| capped(&format!("{e:?}"))))
-}
-
-/// A direct reply that carries nothing when it is [`direct::OK`].
-fn ok_or_fault(status: u32, reply: &[u8], what: &str) -> Result<(), String> {
-    match status {
-        direct::OK => Ok(()),
-        direct::FAULT => Err(format!("{what}: {}", direct::fault_text(reply))),
-        other => Err(format!("{what}: an unknown status {other}")),
-    }
 }
 
 /// The time a command may take.
@@ -522,7 +330,7 @@ fn budget(cmd: &Command) -> Budget {
         | Command::Confirm { .. }
         | Command::Exists { .. }
         | Command::Locations { .. }
-        | Command::Delete { .. } => Budget::Keys(keys_in(cmd)),
+        | Command::Delete { .. } => Budget::Keys(cmd.keys_in()),
     }
 }
 
@@ -555,10 +363,13 @@ fn call_wit(
                     },
                 })
                 .map_err(error),
-            Command::Allocate { space: sp, rank, .. } => e
-                .call_allocate(s, now, &space(sp), *rank, keys)?
-                .map_err(error)
-                .and_then(|words| allocations(&words).map(Reply::Allocated)),
+            Command::Allocate { space: sp, rank, .. } => {
+                e.call_allocate(s, now, &space(sp), *rank, keys)?.map_err(error).and_then(|words| {
+                    kvpages_abi::allocations::unpack_allocations(&words)
+                        .map(Reply::Allocated)
+                        .map_err(|why| EngineError::Fault(format!("the plugin answered {why}")))
+                })
+            }
             Command::Confirm { space: sp, rank, confirmations, releases } => {
                 let pages: Vec<u32> = confirmations.iter().map(|(_, p)| *p).collect();
                 e.call_confirm(s, now, &space(sp), *rank, keys, &pages, releases)?
@@ -629,51 +440,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packed_keys_are_raw_hex_or_their_text_with_a_length() {
-        let keys: Vec<Key> = ["386b2d9cf5aa91ba3a4b42c35396c822", "k", "386B2D9CF5AA91BA3A4B42C35396C822"]
-            .map(|k| Key::parse(k).unwrap())
-            .into();
-        let bytes = packed(keys.iter());
-        assert_eq!(&bytes[..2], &[0x10, 0x80]);
-        assert_eq!(
-            &bytes[2..18],
-            &[0x38, 0x6b, 0x2d, 0x9c, 0xf5, 0xaa, 0x91, 0xba, 0x3a, 0x4b, 0x42, 0xc3, 0x53, 0x96, 0xc8, 0x22]
-        );
-        assert_eq!(&bytes[18..21], &[1, 0, b'k']);
-        // Upper-case hex is not the canonical form: a text key.
-        assert_eq!(&bytes[21..23], &[32, 0]);
-        assert_eq!(&bytes[23..], b"386B2D9CF5AA91BA3A4B42C35396C822");
-        assert_eq!(unpack(&bytes).unwrap(), keys);
-        // The guest's text form of a hex key is the same key.
-        let mut text = vec![32, 0];
-        text.extend_from_slice(b"386b2d9cf5aa91ba3a4b42c35396c822");
-        assert_eq!(unpack(&text).unwrap(), keys[..1]);
-        assert!(unpack(&[0x10, 0x80, 1, 2]).is_err());
-    }
-
-    #[test]
-    fn a_plugins_texts_are_capped_at_1_kib() {
-        assert_eq!(capped("short"), "short");
-        let long = "é".repeat(1000); // 2,000 bytes; byte 1,024 ends a character
-        let got = capped(&long);
-        assert!(got.starts_with(&"é".repeat(512)) && got.ends_with("… (2000 bytes)"), "{got}");
-        // Cut inside a character: a replacement character, no panic.
-        let odd = format!("x{long}");
-        assert!(capped(&odd).contains('\u{fffd}'));
-    }
-
-    /// [`fits`] with tables of its own.
-    fn fit(cmd: &Command, answer: &Result<Reply, EngineError>) -> Result<(), String> {
-        fits(cmd, answer, &mut Seen::default())
-    }
-
-    #[test]
     fn the_cores_allocations_answer_each_distinct_key_once_and_a_broken_plugins_do_not() {
         // Seeded batches with repeats, hits (some keys stored), and pools too small for the
         // batch (-1 answers; with eviction on, evictions), in vLLM's space and SGLang's (per-key
         // LIFO serving), 32-hex keys and a few text ones, through one set of tables reused
         // across batch sizes, as a plugin engine's are.
-        let mut seen = Seen::default();
+        let mut seen = seen();
         let mut totals = kv::Counters::default();
         for seed in 0..40 {
             let mut rng = kvpages_rng::Rng::new(seed);
@@ -747,102 +519,5 @@ mod tests {
         }
         // The batches met what they are there for.
         assert!(totals.cache_hits > 100 && totals.misses > 100 && totals.evictions > 100, "{totals:?}");
-    }
-
-    #[test]
-    fn a_plugin_reply_must_fit_its_batch() {
-        let k = |s: &str| Key::parse(s).unwrap();
-        let keys = vec![k("a"), k("b"), k("a")];
-        // The native core's own answers fit: duplicates, an empty batch, either space.
-        let mut core = kv::Core::new(1, kv::Settings::default());
-        let sg = kv::Space::Sglang { rank: 0, namespace: "kv".into() };
-        for space in [kv::Space::Vllm, sg] {
-            core.apply(0, &Command::Initialize { space: space.clone(), rank: 0, num_pages: 8 }).unwrap();
-            for batch in [keys.clone(), vec![]] {
-                for cmd in [
-                    Command::Allocate { space: space.clone(), rank: 0, keys: batch.clone() },
-                    Command::Exists { space: space.clone(), keys: batch.clone() },
-                    Command::Locations { space: space.clone(), rank: 0, keys: batch.clone() },
-                ] {
-                    let reply = core.apply(1, &cmd).map_err(EngineError::Domain);
-                    assert_eq!(fit(&cmd, &reply), Ok(()), "{cmd:?}: {reply:?}");
-                }
-            }
-        }
-        // A broken plugin's do not.
-        let alloc = Command::Allocate { space: kv::Space::Vllm, rank: 0, keys: keys.clone() };
-        let at = |index| kv::Allocation { index, page: Some(0), cached: false };
-        for (reply, why) in [
-            (Reply::Allocated(vec![at(3)]), "key 3 of 3"),
-            (Reply::Allocated(vec![at(1), at(0)]), "key 0 of 3 out of order"),
-            (Reply::Allocated(vec![at(1), at(1)]), "key 1 of 3 out of order"),
-        ] {
-            assert!(fit(&alloc, &Ok(reply.clone())).unwrap_err().contains(why), "{reply:?}");
-        }
-        let exists = Command::Exists { space: kv::Space::Vllm, keys: keys.clone() };
-        assert_eq!(fit(&exists, &Ok(Reply::Exists(vec![true; 2]))).unwrap_err(), "2 answers for 3 keys");
-        let locations = Command::Locations { space: kv::Space::Vllm, rank: 0, keys: keys.clone() };
-        assert_eq!(fit(&locations, &Ok(Reply::Locations(vec![None; 4]))).unwrap_err(), "4 answers for 3 keys");
-
-        // Confirms: the core's answers fit (one refused pair and an ignored release; nothing
-        // confirmed, one refusal a pair), a broken plugin's longer lists do not.
-        let mut core = kv::Core::new(1, kv::Settings::default());
-        core.apply(0, &Command::Initialize { space: kv::Space::Vllm, rank: 0, num_pages: 8 }).unwrap();
-        let Reply::Allocated(a) =
-            core.apply(1, &Command::Allocate { space: kv::Space::Vllm, rank: 0, keys: vec![k("a")] }).unwrap()
-        else {
-            panic!()
-        };
-        let page = a[0].page.unwrap();
-        let confirm = |pairs: Vec<(Key, u32)>, releases: Vec<u32>| Command::Confirm {
-            space: kv::Space::Vllm,
-            rank: 0,
-            confirmations: pairs,
-            releases,
-        };
-        let some = confirm(vec![(k("a"), page), (k("b"), page)], vec![(page + 1) % 8]);
-        let none = confirm(vec![(k("c"), (page + 2) % 8), (k("d"), (page + 3) % 8)], vec![]);
-        let refused = kv::Refused { index: 0, page: 0, reason: kv::Refusal::NotReserved };
-        let answer = core.clone().apply(2, &none).map_err(EngineError::Domain);
-        assert!(
-            matches!(&answer, Err(EngineError::Domain(kv::Error::NothingConfirmed { refused })) if refused.len() == 2),
-            "{answer:?}"
-        );
-        assert_eq!(fit(&none, &answer), Ok(()));
-        // Repeated pairs and releases: still at most one refusal a pair, one ignored release a
-        // release.
-        let twice = confirm(vec![(k("a"), page), (k("a"), page), (k("b"), page)], vec![(page + 1) % 8; 2]);
-        let answer = core.clone().apply(2, &twice).map_err(EngineError::Domain);
-        assert!(matches!(&answer, Ok(Reply::Confirmed(r)) if r.ignored_releases.len() == 2), "{answer:?}");
-        assert_eq!(fit(&twice, &answer), Ok(()));
-        let answer = core.clone().apply(2, &some).map_err(EngineError::Domain);
-        assert_eq!(fit(&some, &answer), Ok(()));
-        let Ok(Reply::Confirmed(report)) = answer else { panic!("{answer:?}") };
-        assert_eq!((report.refused.len(), report.ignored_releases.len()), (1, 1), "{report:?}");
-        let mut long = report.clone();
-        long.refused = vec![refused; 3];
-        assert_eq!(fit(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "3 refusals for 2 pairs");
-        let mut long = report;
-        long.ignored_releases = vec![(0, kv::IgnoredRelease::AlreadyFree); 2];
-        assert_eq!(fit(&some, &Ok(Reply::Confirmed(long))).unwrap_err(), "2 ignored releases for 1 releases");
-        for n in [1, 3] {
-            let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![refused; n] }));
-            assert_eq!(fit(&none, &answer).unwrap_err(), format!("nothing confirmed with {n} refusals for 2 pairs"));
-        }
-        // "Nothing confirmed" of an empty batch: the core confirms an empty batch.
-        let empty = confirm(vec![], vec![]);
-        assert!(matches!(core.clone().apply(2, &empty), Ok(Reply::Confirmed(_))));
-        let answer = Err(EngineError::Domain(kv::Error::NothingConfirmed { refused: vec![] }));
-        assert_eq!(fit(&empty, &answer).unwrap_err(), "nothing confirmed with 0 refusals for 0 pairs");
-    }
-
-    #[test]
-    fn packed_allocations_decode_with_the_hit_flag_and_the_no_page_word() {
-        let got = allocations(&[0, 7, 1 | 1 << 31, 3, 5, u32::MAX]).unwrap();
-        let want = [(0, Some(7), false), (1, Some(3), true), (5, None, false)]
-            .map(|(index, page, cached)| kv::Allocation { index, page, cached });
-        assert_eq!(got, want);
-        assert_eq!(allocations(&[]).unwrap(), []);
-        assert!(matches!(allocations(&[0, 1, 2]), Err(EngineError::Fault(e)) if e.contains("3 allocation words")));
     }
 }

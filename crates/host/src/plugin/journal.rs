@@ -21,8 +21,6 @@
 
 use kvpages_core::{Command, Key, Millis, Space};
 
-use super::convert::RAW_HEX;
-
 const GENERAL: u8 = 0;
 const FAST_ALLOCATE: u8 = 1;
 const FAST_CONFIRM: u8 = 2;
@@ -52,7 +50,7 @@ impl Journal {
     }
 
     /// Records `cmd`, applied at `now`; `packed` is its keys as the plugin call took them
-    /// (`packed-keys`, see `convert::packed`; any bytes for a command without keys).
+    /// (`packed-keys`, see `kvpages_abi::keys`; any bytes for a command without keys).
     pub(super) fn push(&mut self, now: Millis, cmd: &Command, packed: &[u8]) {
         let b = &mut self.buf;
         // All 32-hex keys: `packed` is 18 bytes each, the fast forms' key records. Each part
@@ -140,13 +138,14 @@ fn u32_le(rest: &mut &[u8]) -> Result<u32, String> {
     Ok(u32::from_le_bytes(take(rest, 4)?.try_into().expect("4 bytes")))
 }
 
-/// A key of the fast forms: `0x8010` and 16 bytes.
-fn key(rest: &mut &[u8]) -> Result<Key, String> {
-    let record = take(rest, 18)?;
-    if record[..2] != RAW_HEX.to_le_bytes() {
-        return Err(format!("a key's prefix is {:02x?}, not the raw form's", &record[..2]));
+/// The `n` keys of a fast entry, `0x8010` and 16 bytes each (`packed-keys` in the raw form),
+/// read by the boundary's one decoder of packed keys.
+fn keys(rest: &mut &[u8], n: usize) -> Result<Vec<Key>, String> {
+    match kvpages_abi::keys::unpack_batch(take(rest, n.saturating_mul(18))?, |_, key| key) {
+        Ok((keys, true)) => Ok(keys),
+        Ok(_) => Err("a fast entry's keys are not all in the raw form".into()),
+        Err(why) => Err(format!("a fast entry's keys: {why}")),
     }
-    Ok(Key::Hex(record[2..].try_into().expect("16 bytes")))
 }
 
 /// One entry off the front of `rest`.
@@ -162,7 +161,7 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
     let n = u32_le(rest)? as usize;
     let cmd = match tag {
         FAST_ALLOCATE | FAST_LOCATIONS => {
-            let keys = (0..n).map(|_| key(rest)).collect::<Result<Vec<_>, _>>()?;
+            let keys = keys(rest, n)?;
             if tag == FAST_ALLOCATE {
                 Command::Allocate { space: Space::Vllm, rank, keys }
             } else {
@@ -170,7 +169,7 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
             }
         }
         FAST_CONFIRM => {
-            let keys = (0..n).map(|_| key(rest)).collect::<Result<Vec<_>, _>>()?;
+            let keys = keys(rest, n)?;
             let confirmations = keys.into_iter().map(|k| Ok((k, u32_le(rest)?))).collect::<Result<Vec<_>, String>>()?;
             let m = u32_le(rest)? as usize;
             let releases = (0..m).map(|_| u32_le(rest)).collect::<Result<Vec<_>, _>>()?;
@@ -184,7 +183,7 @@ fn decode(rest: &mut &[u8]) -> Result<(Millis, Command), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::convert::pack_keys_of;
+    use kvpages_abi::keys::pack_keys_of;
 
     /// Records `cmd` the way the engine does: with its keys as the call took them.
     fn push(j: &mut Journal, now: Millis, cmd: &Command) {
@@ -267,6 +266,6 @@ mod tests {
         push(&mut j, 1, &Command::Allocate { space: Space::Vllm, rank: 0, keys: vec![hex(1)] });
         j.buf[17] = 0;
         let got: Vec<_> = j.entries().collect();
-        assert!(got[0].as_ref().unwrap_err().contains("not the raw form"), "{got:?}");
+        assert!(got[0].as_ref().unwrap_err().contains("the only raw form is 0x8010"), "{got:?}");
     }
 }

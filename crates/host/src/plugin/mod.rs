@@ -17,7 +17,7 @@
 //! the journal. The core is deterministic, so the replayed state is the state before the failing
 //! call; that call is answered 503 (`plugin-trapped`) and was not applied. Reads are never
 //! journaled: the core guarantees that replay does not depend on them. A malformed answer to a
-//! mutating command (or one that does not fit its batch, see `convert::fits`) is an engine
+//! mutating command (or one that does not fit its batch, see `kvpages_abi::fits`) is an engine
 //! fault, and the instance is rebuilt the same way: the guest may have applied the command,
 //! which the journal does not hold. Every malformed answer, to a read too, is logged at `error`
 //! and counted (`PluginEngine::faults`, `kvpages_plugin_faults_total`), not as a trap.
@@ -159,7 +159,7 @@ impl PluginEngine {
             // Only applied commands are journaled, and the core is deterministic: each applies again.
             convert::call(&mut inst, now, &cmd, &mut buf)
                 .map_err(|t| format!("replaying journal entry {i}: {t}"))?
-                .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", convert::name(&cmd)))?;
+                .map_err(|e| format!("journal entry {i} ({}) was refused on replay: {e:?}", cmd.name()))?;
         }
         Ok(inst)
     }
@@ -167,7 +167,7 @@ impl PluginEngine {
     /// Records an applied mutating command; snapshots when the journal has grown enough.
     fn journal(&mut self, now: Millis, cmd: &Command, took: std::time::Duration) {
         let r = &mut self.recovery;
-        r.units += 1 + convert::keys_in(cmd);
+        r.units += 1 + cmd.keys_in();
         r.applied += took;
         r.journal.push(now, cmd, self.buf.keys());
         let due = r.units >= MIN_JOURNAL_UNITS.max(r.retry_at) && r.applied >= r.snapshot_took * SNAPSHOT_RATIO;
@@ -248,7 +248,7 @@ impl Engine for PluginEngine {
                 self.faults += 1;
                 crate::telemetry::plugin_faulted();
                 let mutating = cmd.is_mutating();
-                tracing::error!(command = convert::name(cmd), faults = self.faults, rebuild = mutating, "{why}");
+                tracing::error!(command = cmd.name(), faults = self.faults, rebuild = mutating, "{why}");
                 if mutating {
                     self.reinstate();
                 }
@@ -262,7 +262,7 @@ impl Engine for PluginEngine {
                 result
             }
             Err(trap) => {
-                let restored = self.contain(&trap, convert::name(cmd));
+                let restored = self.contain(&trap, cmd.name());
                 Err(EngineError::Trapped { cause: trap.to_string(), restored })
             }
         }

@@ -14,14 +14,14 @@
 //!   at start-up (the component, to check its world, then its core module); the embedded plugin
 //!   only as its core module (unless that is refused and `auto` falls back to WIT).
 //! - Two ways in ([`Calls`]): the component's WIT interface, or — when the component's core
-//!   module exports kvpages' direct entry point (`kvpages_plugin::direct`; kvpages' own plugin
+//!   module exports kvpages' direct entry point (`kvpages_abi::direct`; kvpages' own plugin
 //!   does) — that module instantiated on its own and driven through one plain call a command.
 //!   Same store, same limits, same (empty) imports: the sandbox is wasmtime's either way.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kvpages_plugin::direct;
+use kvpages_abi::direct;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, TypedFunc};
 
@@ -466,7 +466,7 @@ enum Exports {
     Direct(Direct),
 }
 
-/// The direct entry point's exports (`kvpages_plugin::direct`).
+/// The direct entry point's exports (`kvpages_abi::direct`).
 struct Direct {
     memory: wasmtime::Memory,
     buffer: TypedFunc<u32, u32>,

@@ -4,7 +4,9 @@
 //! # Layout
 //! - this file: the component's global state (one [`Core`]) and the `Guest` implementation, one
 //!   function per command, each a conversion WIT → [`Command`] → [`Core::apply`] → WIT.
-//! - [`convert`]: the type conversions, both ways, and the packed key batches.
+//! - [`convert`]: the type conversions, both ways (the packed key batches and allocations, and
+//!   the direct entry point's frames, are `kvpages_abi`'s: one copy, which the host shares).
+//! - `direct` (wasm32 and the unit tests): the direct entry point's exports.
 //! - `chaos` (feature `chaos`, tests only): misbehaviour on magic keys.
 //!
 //! The guest is thin on purpose: no rule of the cache lives here, so the plugin cannot drift from
@@ -25,7 +27,8 @@ pub mod cache;
 #[cfg(feature = "chaos")]
 mod chaos;
 pub mod convert;
-pub mod direct;
+#[cfg(any(target_arch = "wasm32", test))]
+mod direct;
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -40,8 +43,8 @@ mod bindings {
     wit_bindgen::generate!({
         path: "../../../wit",
         world: "plugin",
-        // PartialEq for the unit tests' assertions; Clone for hosts of the rlib.
-        additional_derives: [PartialEq, Clone],
+        // PartialEq for the unit tests' assertions.
+        additional_derives: [PartialEq],
     });
 }
 
@@ -91,16 +94,16 @@ fn apply(now: u64, cmd: &Command) -> Result<Reply, wit::Error> {
 }
 
 /// [`apply_core`] for a command built from a decoded batch, which is then freed by
-/// [`convert::discard`] (`raw` from [`convert::unpack_batch`]): both ways in (the WIT
-/// interface and [`direct`]) apply their batches here.
+/// [`kvpages_abi::keys::discard`] (`raw` from [`kvpages_abi::keys::unpack_batch`]): both ways in
+/// (the WIT interface and `direct`) apply their batches here.
 pub(crate) fn run(now: u64, cmd: Command, raw: bool) -> Result<Result<Reply, kvpages_core::Error>, NotCreated> {
     let reply = apply_core(now, &cmd);
     match cmd {
         Command::Allocate { keys, .. }
         | Command::Exists { keys, .. }
         | Command::Locations { keys, .. }
-        | Command::Delete { keys, .. } => convert::discard(keys, raw),
-        Command::Confirm { confirmations, .. } => convert::discard(confirmations, raw),
+        | Command::Delete { keys, .. } => kvpages_abi::keys::discard(keys, raw),
+        Command::Confirm { confirmations, .. } => kvpages_abi::keys::discard(confirmations, raw),
         _ => {}
     }
     reply
@@ -162,13 +165,13 @@ impl wit::Guest for Plugin {
     }
 
     fn allocate(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<u32>, wit::Error> {
-        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let (keys, raw) = convert::batch(&keys)?;
         #[cfg(feature = "chaos")]
         let after = chaos::before(&keys);
         let reply = apply_batch(now, Command::Allocate { space: convert::space(space), rank, keys }, raw);
         #[cfg(feature = "chaos")]
         chaos::after(after);
-        expect!(reply?, Reply::Allocated(a) => Ok(convert::allocations(&a)))
+        expect!(reply?, Reply::Allocated(a) => Ok(kvpages_abi::allocations::pack_allocations(&a)))
     }
 
     fn confirm(
@@ -179,30 +182,30 @@ impl wit::Guest for Plugin {
         pages: Vec<u32>,
         releases: Vec<u32>,
     ) -> Result<wit::ConfirmReport, wit::Error> {
-        let (confirmations, raw) = convert::confirmations(&keys, pages.len(), |i| pages.get(i).copied())?;
+        let (confirmations, raw) = convert::confirmations(&keys, &pages)?;
         let cmd = Command::Confirm { space: convert::space(space), rank, confirmations, releases };
         expect!(apply_batch(now, cmd, raw)?, Reply::Confirmed(r) => Ok(convert::confirm_report(r)))
     }
 
     fn exists(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<Vec<bool>, wit::Error> {
-        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let (keys, raw) = convert::batch(&keys)?;
         expect!(apply_batch(now, Command::Exists { space: convert::space(space), keys }, raw)?, Reply::Exists(e) => Ok(e))
     }
 
     fn locations(now: u64, space: wit::Space, rank: u32, keys: Vec<u8>) -> Result<Vec<Option<u32>>, wit::Error> {
-        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let (keys, raw) = convert::batch(&keys)?;
         let cmd = Command::Locations { space: convert::space(space), rank, keys };
         expect!(apply_batch(now, cmd, raw)?, Reply::Locations(l) => Ok(l))
     }
 
     fn delete(now: u64, space: wit::Space, keys: Vec<u8>) -> Result<u32, wit::Error> {
-        let (keys, raw) = convert::unpack_batch(&keys, |_, key| key)?;
+        let (keys, raw) = convert::batch(&keys)?;
         let reply = apply_batch(now, Command::Delete { space: convert::space(space), keys }, raw)?;
         expect!(reply, Reply::Deleted(n) => Ok(n))
     }
 
     fn inspect(now: u64, space: wit::Space, key: String) -> Result<Option<wit::KeyInfo>, wit::Error> {
-        let key = convert::key(&key, 0)?;
+        let key = convert::key(&key)?;
         let reply = apply(now, &Command::Inspect { space: convert::space(space), key })?;
         expect!(reply, Reply::Key(k) => Ok(k.map(|k| convert::key_info(&k))))
     }
@@ -261,7 +264,7 @@ mod tests {
     fn packed(keys: &[&str]) -> Vec<u8> {
         let mut out = Vec::new();
         for k in keys {
-            convert::pack_key(&mut out, k);
+            kvpages_abi::keys::pack_key(&mut out, k);
         }
         out
     }
@@ -318,51 +321,15 @@ mod tests {
         let text = "386b2d9cf5aa91ba3a4b42c35396c822";
         let key = kvpages_core::Key::parse(text).unwrap();
         let mut raw = Vec::new();
-        convert::pack_core_key(&mut raw, &key);
+        kvpages_abi::keys::pack_core_key(&mut raw, &key);
         assert_eq!(raw.len(), 18);
         assert_eq!(&raw[..2], &[0x10, 0x80]);
-        convert::pack_core_key(&mut raw, &kvpages_core::Key::parse("k2").unwrap());
+        kvpages_abi::keys::pack_core_key(&mut raw, &kvpages_core::Key::parse("k2").unwrap());
         assert_eq!(&raw[18..], &[2, 0, b'k', b'2']);
         assert_eq!(Plugin::allocate(2, sp(), 0, raw.clone()).unwrap(), alloc::vec![0, 0, 1, 1]);
         Plugin::confirm(3, sp(), 0, packed(&[text, "k2"]), alloc::vec![0, 1], alloc::vec![]).unwrap();
         assert_eq!(Plugin::exists(4, sp(), packed(&[text])).unwrap(), alloc::vec![true]);
         assert_eq!(Plugin::locations(5, sp(), 0, raw).unwrap(), alloc::vec![Some(0), Some(1)]);
-    }
-
-    #[test]
-    fn a_batch_decodes_alike_by_the_raw_fast_path_and_the_general_one() {
-        use kvpages_core::Key;
-        let hex = [
-            "386b2d9cf5aa91ba3a4b42c35396c822",
-            "00000000000000000000000000000000",
-            "ffffffffffffffffffffffffffffffff",
-        ];
-        let keys: Vec<Key> = hex.iter().map(|k| Key::parse(k).unwrap()).collect();
-        let mut raw = Vec::new();
-        for k in &keys {
-            convert::pack_core_key(&mut raw, k);
-        }
-        // All raw: the fast path, the same keys as the text form gives.
-        assert_eq!(convert::unpack_keys(&raw).unwrap(), keys);
-        assert_eq!(convert::unpack_keys(&packed(&hex)).unwrap(), keys);
-        assert_eq!(convert::unpack_keys(&[]).unwrap(), Vec::<Key>::new());
-        // A 16-byte text key is an 18-byte record too, but not a raw one: the general path.
-        let mut mixed = raw.clone();
-        convert::pack_key(&mut mixed, "sixteen-byte-key");
-        assert_eq!(mixed.len(), 4 * 18);
-        let got = convert::unpack_keys(&mixed).unwrap();
-        assert_eq!(got[..3], keys[..]);
-        assert_eq!(got[3], Key::Text("sixteen-byte-key".into()));
-        // Malformed after good raw keys: refused, naming the culprit.
-        let mut cut = raw.clone();
-        cut.extend_from_slice(&[0x10, 0x80, 1]);
-        let why = "keys[3]: 16 raw bytes announced, 1 left";
-        assert_eq!(convert::unpack_keys(&cut).unwrap_err(), wit::Error::InvalidInput(why.into()));
-        let mut odd = raw;
-        odd.extend_from_slice(&[0x11, 0x80]);
-        odd.extend_from_slice(&[7; 16]);
-        let why = "keys[3]: prefix 0x8011: the only raw form is 0x8010";
-        assert_eq!(convert::unpack_keys(&odd).unwrap_err(), wit::Error::InvalidInput(why.into()));
     }
 
     #[test]
