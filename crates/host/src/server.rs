@@ -62,7 +62,7 @@ pub fn build_with(
 /// is [`crate::routes::serve`]'s.
 fn wire_route(route: &'static wire::Route) -> MethodRouter<App> {
     match (route.method, route.name) {
-        ("GET", "stats") => get(admin::stats),
+        ("GET", "stats") => get(move |app| admin::stats(app, route)),
         ("GET", _) => get_route(route),
         _ => post_route(route),
     }
@@ -82,14 +82,17 @@ fn own_routes() -> Vec<(&'static str, &'static str, MethodRouter<App>)> {
 }
 
 /// The server's own routes (method, path template), beside the wire crate's [`wire::ROUTES`].
-pub fn own_route_table() -> Vec<(&'static str, &'static str)> {
-    own_routes().into_iter().map(|(method, path, _)| (method, path)).collect()
+/// Built once: a 405 asks for it, and the handlers are not needed for that.
+pub fn own_route_table() -> &'static [(&'static str, &'static str)] {
+    static TABLE: std::sync::LazyLock<Vec<(&'static str, &'static str)>> =
+        std::sync::LazyLock::new(|| own_routes().into_iter().map(|(method, path, _)| (method, path)).collect());
+    &TABLE
 }
 
 /// The method the route `path` names takes (a route of the wire crate's or the server's own),
 /// for a 405's `Allow`.
 fn allowed_method(path: &str) -> &'static str {
-    let own = own_route_table().into_iter().map(|(method, path)| (path, method));
+    let own = own_route_table().iter().map(|&(method, path)| (path, method));
     let wire = wire::ROUTES.iter().map(|r| (r.path, r.method));
     wire::best_match(wire.chain(own), path).unwrap_or("GET")
 }

@@ -25,7 +25,7 @@ struct Sim(Core);
 /// The route `path` names among the wire crate's and the server's own (as the router picks):
 /// its method, and whether it is the server's own.
 fn route_of(path: &str) -> Option<(&'static str, bool)> {
-    let own = server::own_route_table().into_iter().map(|(method, path)| (path, (method, true)));
+    let own = server::own_route_table().iter().map(|&(method, path)| (path, (method, true)));
     let wire = wire::ROUTES.iter().map(|r| (r.path, (r.method, false)));
     wire::best_match(wire.chain(own), path)
 }

@@ -128,9 +128,8 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
 
 /// `GET /stats`: every space's pages by state per rank, keys, and event counters (encoded by
 /// `kvpages_wire`, with the engine, its traps and the uptime added). The body is not read.
-pub(crate) async fn stats(State(app): State<App>) -> Response {
-    let stats = wire::ROUTES.iter().find(|r| r.name == "stats").expect("/stats is a wire route");
-    let Parsed::Apply(pending) = stats.parse("/stats", b"") else { unreachable!("/stats parses into a command") };
+pub(crate) async fn stats(State(app): State<App>, route: &'static wire::Route) -> Response {
+    let Parsed::Apply(pending) = route.parse("/stats", b"") else { unreachable!("/stats parses into a command") };
     let deadline = Instant::now() + app.config.request_timeout;
     let result = match app.apply(pending.command(), deadline).await {
         Ok(reply) => Ok(reply),
