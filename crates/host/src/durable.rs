@@ -3,3 +3,4 @@
 mod log;
 
 pub use self::log::*;
+pub use crate::progress::Progress;
