@@ -1,8 +1,9 @@
 //! What the data directory holds, byte for byte: its `FORMAT` text and the version table, the
-//! names of its files, and the log's record encoding.
+//! names of its files, and the log's records (written, and read back with a torn one told
+//! apart from the end).
 
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use kvpages_core::{Command, Millis};
@@ -91,7 +92,7 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// No record is larger than this (a request body is at most `--max-body`).
-pub(super) const MAX_RECORD: u32 = 1 << 30;
+const MAX_RECORD: u32 = 1 << 30;
 
 /// One logged command.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -117,4 +118,55 @@ struct RecordRef<'a> {
     seq: u64,
     now: Millis,
     command: &'a Command,
+}
+
+/// What [`read_record`] found.
+pub(super) enum Next {
+    /// The segment ends here, between records.
+    End,
+    /// A whole record, and the bytes it took.
+    Record(Record, u64),
+    /// Bytes that are not a whole, intact record, and why.
+    Torn(String),
+}
+
+/// Reads the record `r` is at, as [`encode_record`] wrote it; the error is the reader's own.
+pub(super) fn read_record(r: &mut impl Read) -> io::Result<Next> {
+    let mut head = [0u8; 8];
+    match read_full(r, &mut head)? {
+        0 => return Ok(Next::End),
+        8 => {}
+        n => return Ok(Next::Torn(format!("a record header cut after {n} bytes"))),
+    }
+    let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+    if len == 0 || len > MAX_RECORD {
+        return Ok(Next::Torn(format!("a record length of {len} bytes")));
+    }
+    let mut payload = vec![0u8; len as usize];
+    let got = read_full(r, &mut payload)?;
+    if got < payload.len() {
+        return Ok(Next::Torn(format!("a record cut after {got} of {len} bytes")));
+    }
+    if crc32fast::hash(&payload) != crc {
+        return Ok(Next::Torn("a record with a wrong checksum".into()));
+    }
+    match postcard::from_bytes(&payload) {
+        Ok(record) => Ok(Next::Record(record, 8 + u64::from(len))),
+        Err(e) => Ok(Next::Torn(format!("a record that does not decode ({e})"))),
+    }
+}
+
+/// Fills `buf` as far as `r` goes; fewer bytes than asked means `r` ended.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }

@@ -377,25 +377,7 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
     let mut episode: Option<Episode> = None;
     let mut closing_since: Option<Instant> = None;
     loop {
-        let (buf, last, closing) = {
-            let mut p = shared.pending.lock().expect("log lock");
-            loop {
-                if !p.buf.is_empty() || p.closing {
-                    break;
-                }
-                let timeout = match (&episode, w.mode) {
-                    (Some(e), _) => e.backoff,
-                    (None, FsyncMode::Interval(every)) if w.unsynced() => every.saturating_sub(last_sync.elapsed()),
-                    _ => Duration::from_secs(3600),
-                };
-                let (guard, res) = shared.wake.wait_timeout(p, timeout).expect("log lock");
-                p = guard;
-                if res.timed_out() {
-                    break;
-                }
-            }
-            (std::mem::take(&mut p.buf), p.last_seq, p.closing)
-        };
+        let (buf, last, closing) = next_batch(shared, &w, episode.as_ref(), last_sync);
         w.push(buf, last);
         let sync_due = match w.mode {
             FsyncMode::Always => true,
@@ -407,43 +389,9 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
                 if was_unsynced && !w.unsynced() {
                     last_sync = Instant::now();
                 }
-                if let Some(e) = episode.take() {
-                    // A warning, as the start was an error: whoever saw one sees the other.
-                    tracing::warn!(
-                        "storage: the log in {} is written again after {:.1} s ({} failed tries); serving",
-                        w.io.name(),
-                        e.since.elapsed().as_secs_f64(),
-                        e.tries
-                    );
-                    crate::telemetry::set_storage_up(true);
-                }
-                let durable = w.durable();
-                shared.mark.send_if_modified(|m| {
-                    let changed = m.durable != durable || m.fault.is_some();
-                    (m.durable, m.fault) = (durable, None);
-                    changed
-                });
+                mark_written(shared, &w, &mut episode);
             }
-            Err(err) => {
-                crate::telemetry::storage_write_failed();
-                let why: Arc<str> = format!("{}: {err}", w.io.name()).into();
-                match &mut episode {
-                    Some(e) => {
-                        e.tries += 1;
-                        e.backoff = (e.backoff * 2).min(RETRY_MAX);
-                    }
-                    None => {
-                        tracing::error!(
-                            "storage: writing the log failed ({why}); writes answer 503 storage-unavailable until \
-                             it works again, retrying"
-                        );
-                        crate::telemetry::set_storage_up(false);
-                        episode = Some(Episode { since: Instant::now(), tries: 1, backoff: RETRY_FIRST });
-                    }
-                }
-                let durable = w.durable();
-                shared.mark.send_modify(|m| (m.durable, m.fault) = (durable, Some(why.clone())));
-            }
+            Err(err) => mark_failed(shared, &w, &mut episode, &err),
         }
         if closing {
             if !w.unsynced() && episode.is_none() {
@@ -462,6 +410,76 @@ fn flush_loop<S: SegmentIo>(shared: &Shared, mut w: Writer<S>) {
             std::thread::sleep(episode.as_ref().map_or(RETRY_FIRST, |e| e.backoff));
         }
     }
+}
+
+/// Waits for records or a close, but no longer than until the next retry or interval fsync is
+/// due; takes what is pending: `(records, seq of the last, closing)`.
+fn next_batch<S: SegmentIo>(
+    shared: &Shared,
+    w: &Writer<S>,
+    episode: Option<&Episode>,
+    last_sync: Instant,
+) -> (Vec<u8>, u64, bool) {
+    let mut p = shared.pending.lock().expect("log lock");
+    loop {
+        if !p.buf.is_empty() || p.closing {
+            break;
+        }
+        let timeout = match (episode, w.mode) {
+            (Some(e), _) => e.backoff,
+            (None, FsyncMode::Interval(every)) if w.unsynced() => every.saturating_sub(last_sync.elapsed()),
+            _ => Duration::from_secs(3600),
+        };
+        let (guard, res) = shared.wake.wait_timeout(p, timeout).expect("log lock");
+        p = guard;
+        if res.timed_out() {
+            break;
+        }
+    }
+    (std::mem::take(&mut p.buf), p.last_seq, p.closing)
+}
+
+/// A flush worked: ends the fault episode, if one was on, and publishes the durable mark.
+fn mark_written<S: SegmentIo>(shared: &Shared, w: &Writer<S>, episode: &mut Option<Episode>) {
+    if let Some(e) = episode.take() {
+        // A warning, as the start was an error: whoever saw one sees the other.
+        tracing::warn!(
+            "storage: the log in {} is written again after {:.1} s ({} failed tries); serving",
+            w.io.name(),
+            e.since.elapsed().as_secs_f64(),
+            e.tries
+        );
+        crate::telemetry::set_storage_up(true);
+    }
+    let durable = w.durable();
+    shared.mark.send_if_modified(|m| {
+        let changed = m.durable != durable || m.fault.is_some();
+        (m.durable, m.fault) = (durable, None);
+        changed
+    });
+}
+
+/// A flush failed: starts the fault episode (said once, as an error) or backs off further, and
+/// publishes the fault with the durable mark.
+fn mark_failed<S: SegmentIo>(shared: &Shared, w: &Writer<S>, episode: &mut Option<Episode>, err: &io::Error) {
+    crate::telemetry::storage_write_failed();
+    let why: Arc<str> = format!("{}: {err}", w.io.name()).into();
+    match episode {
+        Some(e) => {
+            e.tries += 1;
+            e.backoff = (e.backoff * 2).min(RETRY_MAX);
+        }
+        None => {
+            tracing::error!(
+                "storage: writing the log failed ({why}); writes answer 503 storage-unavailable until \
+                 it works again, retrying"
+            );
+            crate::telemetry::set_storage_up(false);
+            *episode = Some(Episode { since: Instant::now(), tries: 1, backoff: RETRY_FIRST });
+        }
+    }
+    let durable = w.durable();
+    shared.mark.send_modify(|m| (m.durable, m.fault) = (durable, Some(why.clone())));
 }
 
 #[cfg(test)]

@@ -2,12 +2,12 @@
 //! (and said so), a damaged snapshot refused.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read};
-use std::path::Path;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
 
 use kvpages_core::Millis;
 
-use super::format::{MAX_RECORD, Record, numbered};
+use super::format::{Next, Record, numbered, read_record};
 use super::snapshot::parse_snapshot;
 use crate::progress::Progress;
 
@@ -59,15 +59,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, String> {
         let (records, torn) = read_segment(path, &mut expect, &mut progress, &mut read)?;
         out.records.extend(records.into_iter().filter(|r| r.seq > after));
         if let Some((offset, why)) = torn {
-            let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            file.set_len(offset).and_then(|()| file.sync_all()).map_err(|e| format!("{}: {e}", path.display()))?;
-            let mut note = format!("{} at byte {offset}: {why}; the log ends there", path.display());
-            for (_, later) in &segments[i + 1..] {
-                let aside = later.with_extension("log.damaged");
-                fs::rename(later, &aside).map_err(|e| format!("{}: {e}", later.display()))?;
-                note.push_str(&format!("; later segment moved aside to {}", aside.display()));
-            }
-            out.dropped_tail = Some(note);
+            out.dropped_tail = Some(cut_torn_tail(path, offset, &why, &segments[i + 1..])?);
             break;
         }
     }
@@ -83,6 +75,21 @@ pub fn recover(dir: &Path) -> Result<Recovered, String> {
     Ok(out)
 }
 
+/// Cuts the segment at `path` back to `offset`, where it is torn (`why`), and moves the `later`
+/// segments aside: a record after the tear could not be replayed in order. Returns the note
+/// for the log line.
+fn cut_torn_tail(path: &Path, offset: u64, why: &str, later: &[(u64, PathBuf)]) -> Result<String, String> {
+    let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    file.set_len(offset).and_then(|()| file.sync_all()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut note = format!("{} at byte {offset}: {why}; the log ends there", path.display());
+    for (_, segment) in later {
+        let aside = segment.with_extension("log.damaged");
+        fs::rename(segment, &aside).map_err(|e| format!("{}: {e}", segment.display()))?;
+        note.push_str(&format!("; later segment moved aside to {}", aside.display()));
+    }
+    Ok(note)
+}
+
 /// Records of one segment, and where (and why) it is torn, if it is.
 #[allow(clippy::type_complexity)]
 fn read_segment(
@@ -96,29 +103,10 @@ fn read_segment(
     let mut records = Vec::new();
     let mut offset = 0u64;
     loop {
-        let mut head = [0u8; 8];
-        match read_full(&mut r, &mut head) {
-            Ok(0) => return Ok((records, None)),
-            Ok(8) => {}
-            Ok(n) => return Ok((records, Some((offset, format!("a record header cut after {n} bytes"))))),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        }
-        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
-        if len == 0 || len > MAX_RECORD {
-            return Ok((records, Some((offset, format!("a record length of {len} bytes")))));
-        }
-        let mut payload = vec![0u8; len as usize];
-        let got = read_full(&mut r, &mut payload).map_err(|e| format!("{}: {e}", path.display()))?;
-        if got < payload.len() {
-            return Ok((records, Some((offset, format!("a record cut after {got} of {len} bytes")))));
-        }
-        if crc32fast::hash(&payload) != crc {
-            return Ok((records, Some((offset, "a record with a wrong checksum".into()))));
-        }
-        let record: Record = match postcard::from_bytes(&payload) {
-            Ok(r) => r,
-            Err(e) => return Ok((records, Some((offset, format!("a record that does not decode ({e})"))))),
+        let (record, bytes) = match read_record(&mut r).map_err(|e| format!("{}: {e}", path.display()))? {
+            Next::End => return Ok((records, None)),
+            Next::Torn(why) => return Ok((records, Some((offset, why)))),
+            Next::Record(record, bytes) => (record, bytes),
         };
         if let Some(want) = *expect
             && record.seq != want
@@ -126,24 +114,11 @@ fn read_segment(
             return Ok((records, Some((offset, format!("record {} where {want} was due", record.seq)))));
         }
         *expect = Some(record.seq + 1);
-        offset += 8 + u64::from(len);
+        offset += bytes;
         records.push(record);
         *read += 1;
         progress.update(*read);
     }
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -48,17 +48,7 @@ pub fn open_dir_with(
                         .map_err(|e| format!("finishing the upgrade of {}: {e}", dir.display()))?;
                     continue;
                 }
-                // A `FORMAT.tmp` alone is a first start that crashed before its FORMAT was in place.
-                let stray = names(dir).map_err(|e| at(dir, e))?.iter().any(|n| n != "FORMAT.tmp" && n != LOCK_FILE);
-                if stray {
-                    return Err(format!(
-                        "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
-                        dir.display()
-                    ));
-                }
-                fault("write FORMAT").map_err(|e| at(&format, e))?;
-                return write_atomically(dir, "FORMAT", format_text(formats.current).as_bytes())
-                    .map_err(|e| at(&format, e));
+                return write_first_format(dir, formats.current, fault);
             }
             Err(e) => return Err(at(&format, e)),
         };
@@ -70,27 +60,7 @@ pub fn open_dir_with(
             }
             return Ok(());
         }
-        if version > formats.current {
-            return Err(format!(
-                "--data-dir {} has format version {version}, written by a newer kvpages; this kvpages reads \
-                 version {} (and upgrades older ones). Run the release that wrote it, or point --data-dir elsewhere",
-                dir.display(),
-                formats.current
-            ));
-        }
-        let Some(step) = formats.upgrades.iter().find(|u| u.from == version) else {
-            return Err(format!(
-                "--data-dir {} has format version {version}, which this kvpages cannot upgrade (it reads version \
-                 {} and upgrades from {}). Upgrade it with an intermediate release first",
-                dir.display(),
-                formats.current,
-                if formats.upgrades.is_empty() {
-                    "none".to_owned()
-                } else {
-                    formats.upgrades.iter().map(|u| u.from.to_string()).collect::<Vec<_>>().join(", ")
-                }
-            ));
-        };
+        let step = step_from(dir, version, formats)?;
         tracing::info!("upgrading --data-dir {} from format {version} to {}", dir.display(), version + 1);
         let started = Instant::now();
         upgrade_step(dir, step, fault)
@@ -104,6 +74,49 @@ pub fn open_dir_with(
             dir.join(format!("format-{version}")).display()
         );
     }
+}
+
+/// The `FORMAT` of a new data directory, at `version`; a directory with other files in it is
+/// refused.
+fn write_first_format(dir: &Path, version: u32, fault: &mut dyn FnMut(&str) -> io::Result<()>) -> Result<(), String> {
+    let at = |what: &Path, e: io::Error| format!("{}: {e}", what.display());
+    let format = dir.join("FORMAT");
+    // A `FORMAT.tmp` alone is a first start that crashed before its FORMAT was in place.
+    let stray = names(dir).map_err(|e| at(dir, e))?.iter().any(|n| n != "FORMAT.tmp" && n != LOCK_FILE);
+    if stray {
+        return Err(format!(
+            "--data-dir {} is not empty and has no FORMAT file: it is not a kvpages data directory",
+            dir.display()
+        ));
+    }
+    fault("write FORMAT").map_err(|e| at(&format, e))?;
+    write_atomically(dir, "FORMAT", format_text(version).as_bytes()).map_err(|e| at(&format, e))
+}
+
+/// The step that upgrades `version`, or why there is none: it is newer than this build's, or
+/// too old for any step.
+fn step_from<'a>(dir: &Path, version: u32, formats: &'a Formats) -> Result<&'a Upgrade, String> {
+    if version > formats.current {
+        return Err(format!(
+            "--data-dir {} has format version {version}, written by a newer kvpages; this kvpages reads \
+             version {} (and upgrades older ones). Run the release that wrote it, or point --data-dir elsewhere",
+            dir.display(),
+            formats.current
+        ));
+    }
+    formats.upgrades.iter().find(|u| u.from == version).ok_or_else(|| {
+        format!(
+            "--data-dir {} has format version {version}, which this kvpages cannot upgrade (it reads version \
+             {} and upgrades from {}). Upgrade it with an intermediate release first",
+            dir.display(),
+            formats.current,
+            if formats.upgrades.is_empty() {
+                "none".to_owned()
+            } else {
+                formats.upgrades.iter().map(|u| u.from.to_string()).collect::<Vec<_>>().join(", ")
+            }
+        )
+    })
 }
 
 /// Where an upgrade writes the new format's files before the switch.
