@@ -313,7 +313,7 @@ pub fn replay(
         None => try_build_engine(config, seed)?,
     };
     let total = rec.records.len() as u64;
-    let mut progress = crate::durable::Progress::new("recovery: replaying the log", "records", Some(total));
+    let mut progress = crate::progress::Progress::new("recovery: replaying the log", "records", Some(total));
     for (i, r) in rec.records.iter().enumerate() {
         // Replies were checked when the command first ran; replay only rebuilds the state.
         let _ = engine.apply(r.now, &r.command);

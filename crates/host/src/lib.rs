@@ -6,7 +6,7 @@
 //! - Leaves: [`telemetry`] (the process's figures and their `/metrics` exposition), [`runtime`]
 //!   (worker threads, logging, the shutdown signal), [`api`] (error answers from the wire
 //!   crate's catalogue, JSON responses), [`client`] (a keep-alive HTTP/1.1 client for loopback
-//!   servers).
+//!   servers), [`progress`] (count and rate lines for long work: recovery, imports).
 //! - Engines and storage: [`engine`] (the interface the app drives, and the native engine),
 //!   [`plugin`] (the wasm engine: the core as a sandboxed component), [`durable`] (the
 //!   write-ahead log, snapshots, recovery), `sglang_file` (SGLang's persistence file).
@@ -32,6 +32,7 @@ pub mod durable;
 pub mod engine;
 pub mod forward;
 pub mod plugin;
+pub mod progress;
 mod routes;
 pub mod runtime;
 pub mod server;

@@ -23,7 +23,7 @@ struct PoolFile {
 thread_local! {
     /// The progress of the [`parse`] running on this thread (a `Deserialize` impl has no other
     /// way to reach it) and the keys read so far.
-    static PARSING: std::cell::RefCell<Option<(crate::durable::Progress, u64)>> = const { std::cell::RefCell::new(None) };
+    static PARSING: std::cell::RefCell<Option<(crate::progress::Progress, u64)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `key_to_index`: a list of `[key, page]` that counts its keys into [`PARSING`].
@@ -134,7 +134,7 @@ impl<'de> Deserialize<'de> for PoolsFile {
 /// Parses a persistence file, or says precisely where it is wrong. Progress (keys read, rate)
 /// goes to the log while it runs, and a final line when it is done.
 pub(crate) fn parse(bytes: &[u8]) -> Result<Vec<SglangPool>, String> {
-    let progress = crate::durable::Progress::new(
+    let progress = crate::progress::Progress::new(
         format!("import: parsing SGLang's persistence file ({} bytes)", bytes.len()),
         "keys",
         None,
@@ -143,7 +143,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Vec<SglangPool>, String> {
 }
 
 /// [`parse`] reporting to `progress`.
-pub(crate) fn parse_with(bytes: &[u8], progress: crate::durable::Progress) -> Result<Vec<SglangPool>, String> {
+pub(crate) fn parse_with(bytes: &[u8], progress: crate::progress::Progress) -> Result<Vec<SglangPool>, String> {
     PARSING.set(Some((progress, 0)));
     let parsed = decode::<PoolsFile>(bytes).map(|f| f.0);
     if let Some((progress, keys)) = PARSING.take()
@@ -213,7 +213,7 @@ mod tests {
         let reads = Arc::new(AtomicU64::new(0));
         let lines = Arc::new(Mutex::new(Vec::<String>::new()));
         let (r, l) = (reads.clone(), lines.clone());
-        let progress = crate::durable::Progress::with(
+        let progress = crate::progress::Progress::with(
             "parsing",
             "keys",
             None,
@@ -232,7 +232,7 @@ mod tests {
         );
         // A refused file prints no final line, and leaves nothing behind for the next parse.
         let l = lines.clone();
-        let progress = crate::durable::Progress::with(
+        let progress = crate::progress::Progress::with(
             "parsing",
             "keys",
             None,
