@@ -9,7 +9,7 @@
   exactly, and the two transcripts must be identical.
 - `test_differential_random_valid_input`: a seeded generator sends the same raw requests (compact
   JSON) to both servers and requires identical status codes and identical body bytes. It obeys
-  the notes' definition of valid input (shared/notes/protocol-vllm.md, "Parity") plus two cases
+  the notes' definition of valid input (docs/protocol.md, "Parity") plus two cases
   where kvpages deliberately differs: two writers of one key on one rank with pending
   reservations, and re-allocating a key on a rank that committed it while the key is incomplete.
   Seeds: `KVPAGES_PARITY_SEED=N` or `=N,M,...` (default 1, 2, 3, 4); steps per seed:

@@ -1,7 +1,7 @@
 //! The vLLM peer's rules (and kvpages' rules where the peer is wrong) as exact tests.
 //!
-//! Each test restates one rule of `/work/shared/notes/protocol-vllm.md` and asserts the exact
-//! replies, page numbers included. The harness checks `check_invariants()` after every command.
+//! Each test restates one rule of `docs/protocol.md` ("The peer's rules", "The peer's
+//! defects") and asserts the exact replies, page numbers included. The harness checks `check_invariants()` after every command.
 
 mod common;
 

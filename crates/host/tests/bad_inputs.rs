@@ -1,7 +1,7 @@
 //! Bad input over real HTTP: a table of malformed or conflicting requests, each with its exact
 //! status and `detail`, each checked to change nothing.
 //!
-//! Rules (`/work/shared/notes/protocol-vllm.md`, "What kvpages answers for bad input"): every bad
+//! Rules (`docs/protocol.md`, "Status codes and bad input"): every bad
 //! request is a 400/404/405/409/413 with a JSON `{"detail": "..."}` that starts with the peer's text
 //! where the peer has one; never a 5xx, never `text/plain`; nothing of it is applied.
 

@@ -1,6 +1,6 @@
 //! vLLM's six routes and `/health` over real HTTP, on valid input: exact statuses, exact JSON
 //! bytes, `Content-Type: application/json` on every JSON reply, and the peer's page numbers.
-//! (Rules: `/work/shared/notes/protocol-vllm.md`.)
+//! (Rules: `docs/protocol.md`, "vLLM's routes".)
 
 mod common;
 
