@@ -61,50 +61,6 @@ fn a_full_pool_answers_minus_one_never_a_5xx() {
 }
 
 #[test]
-fn bad_input_is_a_json_4xx() {
-    let s = Server::start(config());
-    post(&s, "/0/initialize", r#"{"num_pages":4}"#).expect_no_content();
-    let cases: [(&str, &str, u16, &str); 8] = [
-        ("/0/initialize", r#"{"namespace":"kv"}"#, 400, "Invalid initialize request (member 'num_pages' is missing)"),
-        ("/0/initialize", r#"{"num_pages":0}"#, 400, "Invalid initialize request (num_pages must be at least 1)"),
-        (
-            "/0/exists",
-            r#"{"keys":"k"}"#,
-            400,
-            "Invalid exists request (keys: invalid type: string \"k\", expected a list)",
-        ),
-        (
-            "/0/reserve_and_allocate_page_indices",
-            r#"{"keys":["ab"]}"#,
-            400,
-            "Invalid reserve_and_allocate_page_indices request (keys[0]: invalid type: string \"ab\", expected a [key, prefix_key] pair)",
-        ),
-        (
-            "/0/confirm_write",
-            r#"{"written_keys_to_confirm":[["k",9]]}"#,
-            400,
-            "Invalid confirm_write request (written_keys_to_confirm[0]: page 9 is out of range, rank 0 has 4 pages)",
-        ),
-        (
-            "/0/confirm_write",
-            r#"{"written_keys_to_confirm":[["k",1]]}"#,
-            409,
-            "No confirmation matched a reservation; nothing was applied (written_keys_to_confirm[0] [\"k\", 1]: page is not reserved (never allocated, released, or expired))",
-        ),
-        (
-            "/0/exists",
-            r#"{"keys":[],"namespace":7}"#,
-            400,
-            "Invalid exists request (namespace: invalid type: integer `7`, expected a namespace (a string of at most 256 bytes))",
-        ),
-        ("/0/nope", "{}", 404, "Not Found (no route POST /0/nope)"),
-    ];
-    for (path, body, status, detail) in cases {
-        post(&s, path, body).expect_detail(status, detail);
-    }
-}
-
-#[test]
 fn import_and_export_of_sglangs_persistence_file() {
     let s = Server::start(config());
     let file = r#"{"0:kv": {"num_pages": 3, "free_pages": [0], "key_to_index": [["a", 2]]}}"#;

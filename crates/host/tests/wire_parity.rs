@@ -4,6 +4,8 @@
 //! requests of every route, malformed ones, and paths and methods the router does not take
 //! (the server's own routes are compared for the methods they do not take).
 
+#[path = "../../wire/tests/cases/mod.rs"]
+mod cases;
 mod common;
 
 use common::{Resp, SEED, Server, peer_settings};
@@ -176,4 +178,17 @@ fn the_server_answers_as_the_wire_module_does() {
     // Everything but GET and HEAD of /health, /metrics, /admin/export/sglang and the four
     // simulator paths, and POST /admin/import/sglang: the server's own routes.
     assert_eq!(compared, scenario.len() + paths.len() * 5 - 15);
+}
+
+/// SGLang's refusals and malformed requests (the wire crate's table, whose exact answers its own
+/// tests check): the server answers each with the same bytes.
+#[test]
+fn the_server_refuses_sglang_requests_as_the_wire_module_does() {
+    let server =
+        Server::start(ServeConfig { engine: EngineKind::Native, settings: settings(), ..ServeConfig::default() });
+    let mut sim = Sim(Core::new(SEED, settings()));
+    assert!(check(&server, &mut sim, "POST", cases::INIT.0, cases::INIT.1));
+    for &(path, body, _, _) in cases::REFUSALS {
+        assert!(check(&server, &mut sim, "POST", path, body), "POST {path} is a wire route");
+    }
 }
