@@ -41,7 +41,7 @@ use kvpages_host::client::{Client, loopback_addr};
 use kvpages_host::config::{DurableConfig, ServeConfig};
 use kvpages_host::durable::FsyncMode;
 use kvpages_host::engine::EngineKind;
-use kvpages_host::runtime::{SERVER_THREAD, default_threads};
+use kvpages_host::runtime::{SERVER_THREAD, default_threads, server_runtime};
 use kvpages_host::server::{self, ExtraRoute};
 use serde::Serialize;
 
@@ -344,12 +344,7 @@ struct InProcess {
 
 impl InProcess {
     fn start(threads: usize, specs: &[TargetSpec], data_dir: &std::path::Path) -> Result<InProcess, String> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name(SERVER_THREAD)
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
+        let runtime = server_runtime(threads)?;
         let mut this = InProcess { runtime, servers: Vec::new(), stop: Vec::new(), dirs: Vec::new() };
         for (i, spec) in specs.iter().enumerate() {
             let mut addrs = Vec::new();

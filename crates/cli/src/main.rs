@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kvpages_host::app::try_build_engine;
-use kvpages_host::runtime::{SERVER_THREAD, default_threads, init_logging, shutdown_signal};
+use kvpages_host::runtime::{default_threads, init_logging, server_runtime, shutdown_signal};
 use kvpages_host::server;
 
 use crate::args::{Cli, Cmd, ExportArgs, ForwardArgs, ImportArgs, QueryArgs, ServeArgs};
@@ -39,12 +39,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     init_logging(&args.log)?;
     let config = args.config()?;
     let threads = args.threads.unwrap_or_else(default_threads);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name(SERVER_THREAD)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = server_runtime(threads)?;
     rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", bracket_v6(&args.host), args.port)
             .parse()

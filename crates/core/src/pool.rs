@@ -94,6 +94,19 @@ pub struct PageCounts {
     pub quarantined: u32,
 }
 
+impl PageCounts {
+    /// Every state's count with its field name, in declaration order.
+    pub fn by_state(&self) -> [(&'static str, u32); 5] {
+        [
+            ("free", self.free),
+            ("reserved", self.reserved),
+            ("committed", self.committed),
+            ("leased", self.leased),
+            ("quarantined", self.quarantined),
+        ]
+    }
+}
+
 /// One rank's pages.
 #[derive(Clone, Debug)]
 pub(crate) struct Pool {

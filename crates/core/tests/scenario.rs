@@ -138,7 +138,7 @@ impl Scenario {
     /// Counters over the whole run, clears included.
     fn total_counters(&self) -> Counters {
         let mut t = self.cleared;
-        common::add_counters(&mut t, &self.counters());
+        t.add(&self.counters());
         t
     }
 
@@ -284,7 +284,7 @@ impl Scenario {
         let cmd = self.next_command();
         if matches!(cmd, Command::Clear { .. }) {
             let c = self.counters();
-            common::add_counters(&mut self.cleared, &c);
+            self.cleared.add(&c);
         }
         // What the step needs to know about the state before the command.
         let deleted_before: Option<Vec<Option<KeyInfo>>> = match &cmd {

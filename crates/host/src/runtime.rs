@@ -17,6 +17,16 @@ pub fn default_threads() -> usize {
     (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
 }
 
+/// The multi-threaded runtime a server runs on: `threads` workers named [`SERVER_THREAD`].
+pub fn server_runtime(threads: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(SERVER_THREAD)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the server's {threads} threads: {e}"))
+}
+
 /// Logs to stderr through `filter` (`info`, `kvpages=debug`, any `EnvFilter` directive),
 /// coloured only on a terminal.
 pub fn init_logging(filter: &str) -> Result<(), String> {

@@ -322,13 +322,7 @@ fn render_core(out: &mut String, stats: &Stats) {
         for r in &s.ranks {
             let labels = rank_labels(&s.space, r.rank);
             let p = &r.pages;
-            for (state, n) in [
-                ("free", p.free),
-                ("reserved", p.reserved),
-                ("committed", p.committed),
-                ("leased", p.leased),
-                ("quarantined", p.quarantined),
-            ] {
+            for (state, n) in p.by_state() {
                 let _ = writeln!(out, "kvpages_pages{{{labels},state=\"{state}\"}} {n}");
             }
         }

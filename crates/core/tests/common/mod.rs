@@ -25,25 +25,6 @@ pub fn miss(index: u32) -> Allocation {
     Allocation { index, page: None, cached: false }
 }
 
-/// `total += c`, counter by counter (a run's totals across clears).
-pub fn add_counters(total: &mut Counters, c: &Counters) {
-    total.reserved += c.reserved;
-    total.cache_hits += c.cache_hits;
-    total.misses += c.misses;
-    total.committed += c.committed;
-    total.refused_confirms += c.refused_confirms;
-    total.superseded += c.superseded;
-    total.released += c.released;
-    total.ignored_releases += c.ignored_releases;
-    total.expired_reservations += c.expired_reservations;
-    total.dropped_keys += c.dropped_keys;
-    total.evictions += c.evictions;
-    total.deleted += c.deleted;
-    total.quarantined_pages += c.quarantined_pages;
-    total.location_hits += c.location_hits;
-    total.location_misses += c.location_misses;
-}
-
 /// The seeds a randomized test runs: `KVPAGES_SEED` (decimal or 0x-hex) if set, else `default`,
 /// followed by `fixed`.
 pub fn seeds(default: u64, fixed: &[u64]) -> Vec<u64> {

@@ -11,7 +11,7 @@ use std::hash::BuildHasher;
 
 use kvpages_abi::{Seen, direct, keys};
 use kvpages_core as kv;
-use kvpages_core::{Command, Key, Millis, Reply};
+use kvpages_core::{Command, Key, Millis, Reply, copy_counters};
 
 use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};
@@ -158,26 +158,7 @@ fn stats(s: wit::EngineStats) -> kv::Stats {
                         },
                     })
                     .collect(),
-                counters: {
-                    let c = sp.counters;
-                    kv::Counters {
-                        reserved: c.reserved,
-                        cache_hits: c.cache_hits,
-                        misses: c.misses,
-                        committed: c.committed,
-                        refused_confirms: c.refused_confirms,
-                        superseded: c.superseded,
-                        released: c.released,
-                        ignored_releases: c.ignored_releases,
-                        expired_reservations: c.expired_reservations,
-                        dropped_keys: c.dropped_keys,
-                        evictions: c.evictions,
-                        deleted: c.deleted,
-                        quarantined_pages: c.quarantined_pages,
-                        location_hits: c.location_hits,
-                        location_misses: c.location_misses,
-                    }
-                },
+                counters: kv::for_each_counter!(copy_counters!(kv::Counters, sp.counters)),
             })
             .collect(),
     }

@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use kvpages_abi::keys;
 use kvpages_core as kv;
-use kvpages_core::Key;
+use kvpages_core::{Key, copy_counters};
 
 use crate::bindings::exports::kvpages::engine::engine as wit;
 
@@ -132,26 +132,6 @@ pub(crate) fn key_info(k: &kv::KeyInfo) -> wit::KeyInfo {
     }
 }
 
-fn counters(c: &kv::Counters) -> wit::Counters {
-    wit::Counters {
-        reserved: c.reserved,
-        cache_hits: c.cache_hits,
-        misses: c.misses,
-        committed: c.committed,
-        refused_confirms: c.refused_confirms,
-        superseded: c.superseded,
-        released: c.released,
-        ignored_releases: c.ignored_releases,
-        expired_reservations: c.expired_reservations,
-        dropped_keys: c.dropped_keys,
-        evictions: c.evictions,
-        deleted: c.deleted,
-        quarantined_pages: c.quarantined_pages,
-        location_hits: c.location_hits,
-        location_misses: c.location_misses,
-    }
-}
-
 pub(crate) fn stats(s: &kv::Stats) -> wit::EngineStats {
     wit::EngineStats {
         settings: settings_out(s.settings),
@@ -178,7 +158,7 @@ pub(crate) fn stats(s: &kv::Stats) -> wit::EngineStats {
                         },
                     })
                     .collect(),
-                counters: counters(&sp.counters),
+                counters: kv::for_each_counter!(copy_counters!(wit::Counters, &sp.counters)),
             })
             .collect(),
     }
