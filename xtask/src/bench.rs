@@ -709,25 +709,40 @@ fn draw_lines<'a, Y: Ranged<ValueType = f64>>(
     series: &[Series],
 ) -> Plot {
     for (label, col, dashed, points) in series {
-        let pts: Vec<(f64, f64)> =
-            points.iter().filter(|p| p.1.is_finite() && p.1 > 0.0).map(|&(x, y)| (x as f64, y)).collect();
-        let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: if *dashed { 1 } else { 2 } };
-        let s = if *dashed {
-            chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
-        } else {
-            chart.draw_series(LineSeries::new(pts.clone(), style))?
-        };
-        if !label.is_empty() {
-            s.label(label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
-        }
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+        let pts = points.iter().filter(|p| p.1.is_finite() && p.1 > 0.0).map(|&(x, y)| (x as f64, y)).collect();
+        draw_line(chart, label, *col, *dashed, if *dashed { 1 } else { 2 }, pts)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()?;
+    draw_legend(chart, SeriesLabelPosition::LowerRight)
+}
+
+/// One series: its line (dashed or solid, `width` wide), its legend entry unless `label` is
+/// empty, and a circle at each point.
+fn draw_line<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, Y>>,
+    label: &str,
+    col: RGBColor,
+    dashed: bool,
+    width: u32,
+    pts: Vec<(f64, f64)>,
+) -> Plot {
+    let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: width };
+    let s = if dashed {
+        chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
+    } else {
+        chart.draw_series(LineSeries::new(pts.clone(), style))?
+    };
+    if !label.is_empty() {
+        s.label(label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+    }
+    chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+    Ok(())
+}
+
+fn draw_legend<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, Y>>,
+    position: SeriesLabelPosition,
+) -> Plot {
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).position(position).draw()?;
     Ok(())
 }
 
@@ -850,24 +865,10 @@ fn batch_size(load: &Value, path: &Path) -> Plot {
                     .filter_map(|(b, w)| find(load, "kvpages", w, c).map(|r| (*b as f64, value(&r))))
                     .filter(|p| p.1 > 0.0)
                     .collect();
-                let col = color(ci);
-                let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: 2 };
-                let s = if fi == 0 {
-                    chart.draw_series(LineSeries::new(pts.clone(), style))?
-                } else {
-                    chart.draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
-                };
-                s.label(format!("{name} c={c}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
-                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+                draw_line(&mut chart, &format!("{name} c={c}"), color(ci), fi != 0, 2, pts)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     }
     root.present()?;
     Ok(())
@@ -909,20 +910,9 @@ fn core_pool_size(core: &Value, path: &Path) -> Plot {
         .x_label_formatter(&|x| format!("{x:.0e}"))
         .draw()?;
     for (i, (g, pts)) in groups.iter().enumerate() {
-        let col = color(i);
-        let style = ShapeStyle { color: col.to_rgba(), filled: false, stroke_width: 2 };
-        chart
-            .draw_series(LineSeries::new(pts.clone(), style))?
-            .label(g.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, col.filled())))?;
+        draw_line(&mut chart, g, color(i), false, 2, pts.clone())?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }

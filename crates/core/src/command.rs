@@ -70,6 +70,28 @@ pub struct Settings {
     pub evict_low_permille: u16,
 }
 
+/// A `$to::Settings` literal with every setting copied from `$from`, a `$from_mod::Settings`
+/// (`copy_settings!(kv => wit, s)`: the plugin boundary's two `Settings` have the same
+/// fields and the same `Eviction` variants, so a setting missing here does not compile).
+#[macro_export]
+macro_rules! copy_settings {
+    ($from_mod:ident => $to:ident, $from:expr) => {{
+        let s: $from_mod::Settings = $from;
+        $to::Settings {
+            reservation_ttl: s.reservation_ttl,
+            world_size: s.world_size,
+            read_lease: s.read_lease,
+            quarantine: s.quarantine,
+            eviction: match s.eviction {
+                $from_mod::Eviction::Lru => $to::Eviction::Lru,
+                $from_mod::Eviction::Off => $to::Eviction::Off,
+            },
+            evict_high_permille: s.evict_high_permille,
+            evict_low_permille: s.evict_low_permille,
+        }
+    }};
+}
+
 impl Default for Settings {
     fn default() -> Settings {
         Settings {

@@ -64,33 +64,11 @@ fn space_in(s: wit::Space) -> kv::Space {
 }
 
 fn settings(s: kv::Settings) -> wit::Settings {
-    wit::Settings {
-        reservation_ttl: s.reservation_ttl,
-        world_size: s.world_size,
-        read_lease: s.read_lease,
-        quarantine: s.quarantine,
-        eviction: match s.eviction {
-            kv::Eviction::Lru => wit::Eviction::Lru,
-            kv::Eviction::Off => wit::Eviction::Off,
-        },
-        evict_high_permille: s.evict_high_permille,
-        evict_low_permille: s.evict_low_permille,
-    }
+    kv::copy_settings!(kv => wit, s)
 }
 
 fn settings_in(s: wit::Settings) -> kv::Settings {
-    kv::Settings {
-        reservation_ttl: s.reservation_ttl,
-        world_size: s.world_size,
-        read_lease: s.read_lease,
-        quarantine: s.quarantine,
-        eviction: match s.eviction {
-            wit::Eviction::Lru => kv::Eviction::Lru,
-            wit::Eviction::Off => kv::Eviction::Off,
-        },
-        evict_high_permille: s.evict_high_permille,
-        evict_low_permille: s.evict_low_permille,
-    }
+    kv::copy_settings!(wit => kv, s)
 }
 
 fn refused(r: wit::Refused) -> kv::Refused {

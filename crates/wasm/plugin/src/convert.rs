@@ -48,34 +48,12 @@ fn space_out(s: &kv::Space) -> wit::Space {
 }
 
 pub(crate) fn settings(s: wit::Settings) -> kv::Settings {
-    kv::Settings {
-        reservation_ttl: s.reservation_ttl,
-        world_size: s.world_size,
-        read_lease: s.read_lease,
-        quarantine: s.quarantine,
-        eviction: match s.eviction {
-            wit::Eviction::Lru => kv::Eviction::Lru,
-            wit::Eviction::Off => kv::Eviction::Off,
-        },
-        evict_high_permille: s.evict_high_permille,
-        evict_low_permille: s.evict_low_permille,
-    }
+    kv::copy_settings!(wit => kv, s)
 }
 
 /// The core's settings as WIT's (for `stats`, and for tests).
 pub fn settings_out(s: kv::Settings) -> wit::Settings {
-    wit::Settings {
-        reservation_ttl: s.reservation_ttl,
-        world_size: s.world_size,
-        read_lease: s.read_lease,
-        quarantine: s.quarantine,
-        eviction: match s.eviction {
-            kv::Eviction::Lru => wit::Eviction::Lru,
-            kv::Eviction::Off => wit::Eviction::Off,
-        },
-        evict_high_permille: s.evict_high_permille,
-        evict_low_permille: s.evict_low_permille,
-    }
+    kv::copy_settings!(kv => wit, s)
 }
 
 pub(crate) fn init_outcome(o: kv::InitOutcome) -> wit::InitOutcome {
