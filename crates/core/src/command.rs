@@ -409,6 +409,47 @@ macro_rules! copy_counters {
     }};
 }
 
+/// A `$to::$stats_type` literal copied from `$stats` (a `$from_mod` stats tree),
+/// every space's through `$space` (given a reference to the space): the plugin boundary's two
+/// `Stats` trees have the same fields, so a figure missing here does not compile.
+#[macro_export]
+macro_rules! copy_stats {
+    ($from_mod:ident => $to:ident :: $stats_type:ident, $stats:expr, $space:expr) => {{
+        let s = &$stats;
+        #[allow(clippy::clone_on_copy)]
+        let settings = s.settings.clone();
+        $to::$stats_type {
+            settings: $crate::copy_settings!($from_mod => $to, settings),
+            spaces: s
+                .spaces
+                .iter()
+                .map(|sp| $to::SpaceStats {
+                    space: ($space)(&sp.space),
+                    keys: sp.keys,
+                    pending_keys: sp.pending_keys,
+                    world_size: sp.world_size,
+                    ranks: sp
+                        .ranks
+                        .iter()
+                        .map(|r| $to::RankStats {
+                            rank: r.rank,
+                            num_pages: r.num_pages,
+                            pages: $to::PageCounts {
+                                free: r.pages.free,
+                                reserved: r.pages.reserved,
+                                committed: r.pages.committed,
+                                leased: r.pages.leased,
+                                quarantined: r.pages.quarantined,
+                            },
+                        })
+                        .collect(),
+                    counters: $crate::for_each_counter!(copy_counters!($to::Counters, &sp.counters)),
+                })
+                .collect(),
+        }
+    }};
+}
+
 macro_rules! counters_impl {
     (; $($field:ident),*) => {
         impl Counters {

@@ -67,10 +67,6 @@ fn settings(s: kv::Settings) -> wit::Settings {
     kv::copy_settings!(kv => wit, s)
 }
 
-fn settings_in(s: wit::Settings) -> kv::Settings {
-    kv::copy_settings!(wit => kv, s)
-}
-
 fn refused(r: wit::Refused) -> kv::Refused {
     kv::Refused {
         index: r.index,
@@ -111,35 +107,7 @@ fn key(text: &str) -> Result<Key, EngineError> {
 }
 
 fn stats(s: wit::EngineStats) -> kv::Stats {
-    kv::Stats {
-        settings: settings_in(s.settings),
-        spaces: s
-            .spaces
-            .into_iter()
-            .map(|sp| kv::SpaceStats {
-                space: space_in(sp.space),
-                keys: sp.keys,
-                pending_keys: sp.pending_keys,
-                world_size: sp.world_size,
-                ranks: sp
-                    .ranks
-                    .into_iter()
-                    .map(|r| kv::RankStats {
-                        rank: r.rank,
-                        num_pages: r.num_pages,
-                        pages: kv::PageCounts {
-                            free: r.pages.free,
-                            reserved: r.pages.reserved,
-                            committed: r.pages.committed,
-                            leased: r.pages.leased,
-                            quarantined: r.pages.quarantined,
-                        },
-                    })
-                    .collect(),
-                counters: kv::for_each_counter!(copy_counters!(kv::Counters, sp.counters)),
-            })
-            .collect(),
-    }
+    kv::copy_stats!(wit => kv::Stats, s, |sp: &wit::Space| space_in(sp.clone()))
 }
 
 fn key_info(k: wit::KeyInfo) -> Result<kv::KeyInfo, EngineError> {

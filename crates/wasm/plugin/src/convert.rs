@@ -111,35 +111,7 @@ pub(crate) fn key_info(k: &kv::KeyInfo) -> wit::KeyInfo {
 }
 
 pub(crate) fn stats(s: &kv::Stats) -> wit::EngineStats {
-    wit::EngineStats {
-        settings: settings_out(s.settings),
-        spaces: s
-            .spaces
-            .iter()
-            .map(|sp| wit::SpaceStats {
-                space: space_out(&sp.space),
-                keys: sp.keys,
-                pending_keys: sp.pending_keys,
-                world_size: sp.world_size,
-                ranks: sp
-                    .ranks
-                    .iter()
-                    .map(|r| wit::RankStats {
-                        rank: r.rank,
-                        num_pages: r.num_pages,
-                        pages: wit::PageCounts {
-                            free: r.pages.free,
-                            reserved: r.pages.reserved,
-                            committed: r.pages.committed,
-                            leased: r.pages.leased,
-                            quarantined: r.pages.quarantined,
-                        },
-                    })
-                    .collect(),
-                counters: kv::for_each_counter!(copy_counters!(wit::Counters, &sp.counters)),
-            })
-            .collect(),
-    }
+    kv::copy_stats!(kv => wit::EngineStats, *s, space_out)
 }
 
 pub(crate) fn error(e: &kv::Error) -> wit::Error {
