@@ -19,9 +19,7 @@ fn a_restart_keeps_ranks_keys_and_pages() {
     let dir = tmp("restart");
     let port = free_port();
     let mut p = start(&dir, port, &[]);
-    for rank in 0..2 {
-        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":64}"#).0, 200);
-    }
+    init_two_ranks(p.addr, 64);
     let keys: Vec<String> = (0..20).map(|i| format!("{i:032x}")).collect();
     let saved: Vec<[i64; 2]> = keys.iter().map(|k| save(p.addr, k).unwrap()).collect();
     assert_eq!(post(p.addr, "/keys/delete", r#"{"keys":["00000000000000000000000000000003"]}"#).0, 200);
@@ -71,9 +69,7 @@ fn kill_9_under_load(engine: &str) {
     let dir = tmp(&format!("kill9-{engine}"));
     let port = free_port();
     let mut p = start_engine(engine, &dir, port, &["--snapshot-every", "300"]);
-    for rank in 0..2 {
-        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":100000}"#).0, 200);
-    }
+    init_two_ranks(p.addr, 100000);
     // Acknowledged state: key → pages (saved), and keys whose delete was acknowledged.
     let acked: Arc<Mutex<std::collections::BTreeMap<String, Acked>>> = Arc::default();
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
@@ -197,9 +193,7 @@ fn recovery_and_imports_log_counts_and_rates() {
     let dir = tmp("progress");
     let port = free_port();
     let mut p = start(&dir, port, &[]);
-    for rank in 0..2 {
-        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":64}"#).0, 200);
-    }
+    init_two_ranks(p.addr, 64);
     for i in 0..10 {
         save(p.addr, &format!("{i:032x}")).unwrap();
     }
@@ -296,9 +290,7 @@ fn serve_runs_the_worker_threads_it_is_told_or_half_the_cpus() {
         let p = start_with_env("native", &dir, free_port(), extra, env);
         assert_eq!(server_threads(p.child.id(), want), want, "{extra:?} {env:?}, default {default}");
         // They serve: a save goes through.
-        for rank in 0..2 {
-            assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages": 4}"#).0, 200);
-        }
+        init_two_ranks(p.addr, 4);
         assert!(save(p.addr, "0123456789abcdef0123456789abcdef").is_some());
     }
     let out = Command::new(env!("CARGO_BIN_EXE_kvpages"))

@@ -93,9 +93,7 @@ fn a_full_disk_loses_no_acknowledged_save_and_service_comes_back_by_itself() {
     let mut cmd = serve_command("native", Some(&data), port, &flags);
     cmd.stderr(std::fs::File::create(&log).unwrap());
     let mut p = wait_ready(cmd.spawn().unwrap(), port);
-    for rank in 0..2 {
-        assert_eq!(post(p.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":100000}"#).0, 200);
-    }
+    init_two_ranks(p.addr, 100000);
     // Leave the log ~48 KiB; the saves fill the rest.
     let filler = disk.0.join("filler");
     std::fs::write(&filler, vec![7u8; (disk.available() - (48 << 10)) as usize]).unwrap();
@@ -171,9 +169,7 @@ fn a_second_server_on_a_data_dir_refuses_to_start_and_a_killed_ones_lock_blocks_
     let dir = tmp("second-server");
     let port = free_port();
     let mut first = start(&dir, port, &["--world-size", "2"]);
-    for rank in 0..2 {
-        assert_eq!(post(first.addr, &format!("/rank/{rank}/initialize"), r#"{"num_pages":64}"#).0, 200);
-    }
+    init_two_ranks(first.addr, 64);
     let acked: Vec<(String, [i64; 2])> =
         (0..8).map(|i| format!("{i:032x}")).map(|k| (k.clone(), try_save(first.addr, &k).unwrap())).collect();
     let second = serve_command("native", Some(&dir), free_port(), &[]).stderr(Stdio::piped()).spawn().unwrap();

@@ -344,37 +344,63 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::vec;
 
     fn take_n(p: &mut Pool, n: usize) -> Vec<u32> {
         (0..n).map(|_| p.take(PageState::committed(0)).unwrap()).collect()
     }
 
-    #[test]
-    fn fifo_order_matches_the_peer_list() {
-        let mut p = Pool::new(5, PoolOrder::Fifo);
-        assert_eq!(take_n(&mut p, 2), vec![0, 1]);
-        p.free(0);
-        assert_eq!(p.free_list(), vec![2, 3, 4, 0]);
-        assert_eq!(take_n(&mut p, 4), vec![2, 3, 4, 0]);
-        assert_eq!(p.take(PageState::committed(0)), None);
-        p.free(3);
-        p.free(1);
-        assert_eq!(take_n(&mut p, 2), vec![3, 1]);
+    /// One step of a pool script, and what it must give.
+    enum Step {
+        /// Take pages: exactly these, in this order.
+        Take(&'static [u32]),
+        /// Nothing left to take.
+        Empty,
+        Free(u32),
+        /// The free list reads exactly this.
+        FreeList(&'static [u32]),
+    }
+
+    /// Runs `steps` on a fresh pool of `n` pages, checking each and the pool's invariants.
+    fn script(n: u32, order: PoolOrder, steps: &[Step]) {
+        let mut p = Pool::new(n, order);
+        for (i, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Take(want) => assert_eq!(take_n(&mut p, want.len()), want, "step {i}"),
+                Step::Empty => assert_eq!(p.take(PageState::committed(0)), None, "step {i}"),
+                Step::Free(page) => p.free(page),
+                Step::FreeList(want) => assert_eq!(p.free_list(), want, "step {i}"),
+            }
+        }
         p.check().unwrap();
     }
 
     #[test]
+    fn fifo_order_matches_the_peer_list() {
+        use Step::*;
+        script(
+            5,
+            PoolOrder::Fifo,
+            &[
+                Take(&[0, 1]),
+                Free(0),
+                FreeList(&[2, 3, 4, 0]),
+                Take(&[2, 3, 4, 0]),
+                Empty,
+                Free(3),
+                Free(1),
+                Take(&[3, 1]),
+            ],
+        );
+    }
+
+    #[test]
     fn lifo_order_matches_the_sglang_stack() {
-        let mut p = Pool::new(5, PoolOrder::Lifo);
-        assert_eq!(take_n(&mut p, 2), vec![4, 3]);
-        p.free(4);
-        assert_eq!(p.free_list(), vec![4, 2, 1, 0]);
-        assert_eq!(take_n(&mut p, 2), vec![4, 2]);
-        p.free(3);
-        p.free(2);
-        assert_eq!(take_n(&mut p, 4), vec![2, 3, 1, 0]);
-        p.check().unwrap();
+        use Step::*;
+        script(
+            5,
+            PoolOrder::Lifo,
+            &[Take(&[4, 3]), Free(4), FreeList(&[4, 2, 1, 0]), Take(&[4, 2]), Free(3), Free(2), Take(&[2, 3, 1, 0])],
+        );
     }
 
     #[test]

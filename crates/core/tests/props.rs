@@ -259,6 +259,34 @@ fn config(cases: u32) -> ProptestConfig {
     ProptestConfig { cases, max_shrink_iters: 2_000, ..ProptestConfig::default() }
 }
 
+/// Applies `ops` (as the interpreter turns them into commands) to a core seeded `seed`, and
+/// calls `step` after each with its index, the command, the state before and after, the reply
+/// and the time.
+fn drive(
+    seed: u64,
+    s: Settings,
+    ops: &[Op],
+    mut step: impl FnMut(
+        usize,
+        &Command,
+        &Core,
+        &Core,
+        &Result<Reply, kvpages_core::Error>,
+        u64,
+    ) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut core = Core::new(seed, s);
+    let mut it = Interp::new(s);
+    for (i, op) in ops.iter().enumerate() {
+        let Some(cmd) = it.command(op) else { continue };
+        let before = core.clone();
+        let reply = core.apply(it.now, &cmd);
+        it.observe(&cmd, &reply);
+        step(i, &cmd, &before, &core, &reply, it.now)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(96))]
 
@@ -266,37 +294,28 @@ proptest! {
     /// quarantined = num_pages with leased <= committed.
     #[test]
     fn commands_keep_invariants_and_conserve_pages(s in settings(), ops in prop::collection::vec(op(), 1..80)) {
-        let mut core = Core::new(1, s);
-        let mut it = Interp::new(s);
-        for (i, op) in ops.iter().enumerate() {
-            let Some(cmd) = it.command(op) else { continue };
-            let reply = core.apply(it.now, &cmd);
-            it.observe(&cmd, &reply);
+        drive(1, s, &ops, |i, cmd, _, core, reply, _| {
             prop_assert!(core.check_invariants().is_ok(), "op {i} {cmd:?} -> {reply:?}: {:?}", core.check_invariants());
-            prop_assert!(check_conservation(&core).is_ok(), "op {i} {cmd:?}: {:?}", check_conservation(&core));
-        }
+            prop_assert!(check_conservation(core).is_ok(), "op {i} {cmd:?}: {:?}", check_conservation(core));
+            Ok(())
+        })?;
     }
 
     /// A refused command applies nothing (at most the clock's expiry up to `now`), and reads
     /// never change anything (`Stats` and `Inspect` let the clock act first, and nothing else).
     #[test]
     fn refused_commands_and_reads_change_nothing(s in settings(), ops in prop::collection::vec(op(), 1..80)) {
-        let mut core = Core::new(2, s);
-        let mut it = Interp::new(s);
-        for (i, op) in ops.iter().enumerate() {
-            let Some(cmd) = it.command(op) else { continue };
-            let before = core.clone();
-            let reply = core.apply(it.now, &cmd);
-            it.observe(&cmd, &reply);
+        drive(2, s, &ops, |i, cmd, before, core, reply, now| {
             if matches!(cmd, Command::Stats | Command::Inspect { .. }) {
-                prop_assert_eq!(snapshot(&core), expired_at(&before, it.now), "op {} {:?}", i, cmd);
+                prop_assert_eq!(snapshot(core), expired_at(before, now), "op {} {:?}", i, cmd);
             } else if !cmd.is_mutating() {
-                prop_assert_eq!(snapshot(&core), snapshot(&before), "op {} {:?} is a read", i, cmd);
+                prop_assert_eq!(snapshot(core), snapshot(before), "op {} {:?} is a read", i, cmd);
             }
-            if let Err(e) = &reply {
-                prop_assert!(refused_cleanly(&before, &core, it.now), "op {i} {cmd:?} refused with {e:?} but changed the state");
+            if let Err(e) = reply {
+                prop_assert!(refused_cleanly(before, core, now), "op {i} {cmd:?} refused with {e:?} but changed the state");
             }
-        }
+            Ok(())
+        })?;
     }
 
     /// On any reachable state, an allocation follows the peer's rule exactly whenever it evicts

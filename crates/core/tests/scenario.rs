@@ -641,22 +641,23 @@ fn run(seed: u64, mode: Mode, steps: u64) -> Scenario {
     s
 }
 
-#[test]
-fn random_scenarios_keep_every_invariant_under_the_peer_settings() {
+/// The main seed (`KVPAGES_SEED`, `KVPAGES_STEPS` steps) and the fixed ones, under `mode`.
+fn run_seeds(mode: Mode) {
     let seeds = common::seeds(DEFAULT_SEED, &FIXED_SEEDS);
     for (i, &seed) in seeds.iter().enumerate() {
         let steps = if i == 0 { common::steps(MAIN_STEPS) } else { EXTRA_STEPS };
-        run(seed, Mode::Peer, steps);
+        run(seed, mode, steps);
     }
 }
 
 #[test]
+fn random_scenarios_keep_every_invariant_under_the_peer_settings() {
+    run_seeds(Mode::Peer);
+}
+
+#[test]
 fn random_scenarios_keep_every_invariant_with_leases_quarantine_and_eviction() {
-    let seeds = common::seeds(DEFAULT_SEED, &FIXED_SEEDS);
-    for (i, &seed) in seeds.iter().enumerate() {
-        let steps = if i == 0 { common::steps(MAIN_STEPS) } else { EXTRA_STEPS };
-        run(seed, Mode::Ours, steps);
-    }
+    run_seeds(Mode::Ours);
 }
 
 /// The scenario exercises what it claims to: every kind of event happens under each seed.

@@ -196,23 +196,35 @@ impl Gen {
     }
 }
 
+/// Two tests of `$run`: through the plugin's direct entry point (`$direct`) and through WIT
+/// (`$wit`).
+macro_rules! through_both_ways {
+    ($run:ident, $direct:ident, $wit:ident) => {
+        #[test]
+        fn $direct() {
+            $run(Calls::Direct);
+        }
+
+        #[test]
+        fn $wit() {
+            $run(Calls::Wit);
+        }
+    };
+}
+
 fn seed() -> u64 {
     let seed = std::env::var("KVPAGES_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6b76_7067_0004);
     println!("seed {seed} (KVPAGES_TEST_SEED={seed} replays it)");
     seed
 }
 
-#[test]
-fn differential_native_and_plugin_agree_on_120k_commands() {
-    differential(Calls::Direct);
-}
-
-/// The same stream through the plugin's WIT interface (what `--plugin-calls wit` and any other
-/// component-model host use).
-#[test]
-fn differential_native_and_plugin_through_wit_agree_on_120k_commands() {
-    differential(Calls::Wit);
-}
+// The same stream through both ways into the plugin: its direct entry point, and its WIT
+// interface (what `--plugin-calls wit` and any other component-model host use).
+through_both_ways!(
+    differential,
+    differential_native_and_plugin_agree_on_120k_commands,
+    differential_native_and_plugin_through_wit_agree_on_120k_commands
+);
 
 fn differential(calls: Calls) {
     let seed = seed();
@@ -280,18 +292,14 @@ fn restored_continues(calls: Calls) {
     assert_eq!(native.snapshot().unwrap(), plugin.snapshot().unwrap());
 }
 
-/// A trap in the middle of a long stream: the plugin's state afterwards is the native core's
-/// (which never saw the trapping command), so recovery restored exactly the earlier state —
-/// across snapshots taken along the way and the journal since the last one.
-#[test]
-fn traps_mid_stream_leave_the_state_exactly_as_before() {
-    traps_mid_stream(Calls::Direct);
-}
-
-#[test]
-fn traps_mid_stream_through_wit_leave_the_state_exactly_as_before() {
-    traps_mid_stream(Calls::Wit);
-}
+// A trap in the middle of a long stream: the plugin's state afterwards is the native core's
+// (which never saw the trapping command), so recovery restored exactly the earlier state —
+// across snapshots taken along the way and the journal since the last one.
+through_both_ways!(
+    traps_mid_stream,
+    traps_mid_stream_leave_the_state_exactly_as_before,
+    traps_mid_stream_through_wit_leave_the_state_exactly_as_before
+);
 
 fn traps_mid_stream(calls: Calls) {
     let seed = seed() ^ 2;

@@ -87,6 +87,14 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::i
     Ok((status, body))
 }
 
+/// Initializes vLLM ranks 0 and 1 with `pages` pages each.
+pub fn init_two_ranks(addr: SocketAddr, pages: u32) {
+    for rank in 0..2 {
+        let (status, body) = post(addr, &format!("/rank/{rank}/initialize"), &format!(r#"{{"num_pages":{pages}}}"#));
+        assert_eq!(status, 200, "initializing rank {rank}: {body}");
+    }
+}
+
 pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     request(addr, "POST", path, body).unwrap_or((0, String::new()))
 }

@@ -269,6 +269,19 @@ mod tests {
         out
     }
 
+    /// The guest created afresh with `settings` and rank 0 of vLLM's space initialized with
+    /// `pages` pages; the guard serializes the tests (the guest's state is global).
+    fn created(settings: kvpages_core::Settings, pages: u32) -> std::sync::MutexGuard<'static, ()> {
+        let serial = TEST_LOCK.lock().unwrap();
+        Plugin::create(7, convert::settings_out(settings));
+        Plugin::initialize(1, wit::Space::Vllm, 0, pages).unwrap();
+        serial
+    }
+
+    fn sp() -> wit::Space {
+        wit::Space::Vllm
+    }
+
     #[test]
     fn a_cycle_through_the_guest_functions() {
         let _serial = TEST_LOCK.lock().unwrap();
@@ -298,11 +311,8 @@ mod tests {
 
     #[test]
     fn allocations_are_packed_with_the_hit_flag_and_the_no_page_word() {
-        let _serial = TEST_LOCK.lock().unwrap();
         let off = kvpages_core::Settings { eviction: kvpages_core::Eviction::Off, ..Default::default() };
-        Plugin::create(7, convert::settings_out(off));
-        let sp = || wit::Space::Vllm;
-        Plugin::initialize(1, sp(), 0, 4).unwrap();
+        let _serial = created(off, 4);
         assert_eq!(Plugin::allocate(2, sp(), 0, packed(&["a"])).unwrap(), alloc::vec![0, 0]);
         Plugin::confirm(3, sp(), 0, packed(&["a"]), alloc::vec![0], alloc::vec![]).unwrap();
         // "a" is a hit at index 1 (bit 31), "b" at index 2 takes page 1 (0 went back: vLLM's rotation).
@@ -314,10 +324,7 @@ mod tests {
 
     #[test]
     fn raw_hex_keys_are_the_same_keys_as_their_text() {
-        let _serial = TEST_LOCK.lock().unwrap();
-        Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
-        let sp = || wit::Space::Vllm;
-        Plugin::initialize(1, sp(), 0, 8).unwrap();
+        let _serial = created(kvpages_core::Settings::default(), 8);
         let text = "386b2d9cf5aa91ba3a4b42c35396c822";
         let key = kvpages_core::Key::parse(text).unwrap();
         let mut raw = Vec::new();
@@ -334,10 +341,7 @@ mod tests {
 
     #[test]
     fn malformed_arguments_are_refused_not_trapped() {
-        let _serial = TEST_LOCK.lock().unwrap();
-        Plugin::create(7, convert::settings_out(kvpages_core::Settings::default()));
-        let sp = || wit::Space::Vllm;
-        Plugin::initialize(1, sp(), 0, 8).unwrap();
+        let _serial = created(kvpages_core::Settings::default(), 8);
         for (bytes, why) in [
             (alloc::vec![5u8], "keys[0]: the length prefix is cut off"),
             (alloc::vec![3, 0, b'a'], "keys[0]: 3 bytes announced, 1 left"),
