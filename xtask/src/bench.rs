@@ -768,21 +768,23 @@ fn throughput_vs_concurrency(load: &Value, path: &Path) -> Plot {
     concurrency_chart(path, panels, "requests/s", true)
 }
 
+/// Workload `w`'s ratio `field` (`vs_floor`, `vs_peer`) at each concurrency.
+fn ratio_line(load: &Value, w: &str, field: &str) -> Vec<(u64, f64)> {
+    load["ratios"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["workload"].as_str() == Some(w))
+        .filter_map(|r| Some((r["concurrency"].as_u64()?, r[field].as_f64()?)))
+        .collect()
+}
+
 fn peer_ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
     let Some(p) = peer_name(load) else { return Ok(()) };
     let series = workloads(load)
         .iter()
         .enumerate()
-        .map(|(i, w)| {
-            let pts = load["ratios"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|r| r["workload"].as_str() == Some(w.as_str()))
-                .filter_map(|r| Some((r["concurrency"].as_u64()?, r["vs_peer"].as_f64()?)))
-                .collect();
-            (w.clone(), color(i), false, pts)
-        })
+        .map(|(i, w)| (w.clone(), color(i), false, ratio_line(load, w, "vs_peer")))
         .collect();
     concurrency_chart(path, vec![(format!("kvpages requests/s ÷ {p}'s (same run)"), series)], "times faster", true)
 }
@@ -802,14 +804,7 @@ fn latency_vs_concurrency(load: &Value, path: &Path) -> Plot {
 fn ratio_vs_concurrency(load: &Value, path: &Path) -> Plot {
     let mut series = Vec::new();
     for (i, w) in workloads(load).iter().enumerate() {
-        let pts = load["ratios"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["workload"].as_str() == Some(w.as_str()))
-            .filter_map(|r| Some((r["concurrency"].as_u64()?, r["vs_floor"].as_f64()?)))
-            .collect();
-        series.push((w.clone(), color(i), false, pts));
+        series.push((w.clone(), color(i), false, ratio_line(load, w, "vs_floor")));
     }
     concurrency_chart(
         path,

@@ -846,6 +846,14 @@ async fn progress(label: String, run: Arc<Run>) {
     }
 }
 
+/// The lowest and highest of several runs' ratios ("0.91–0.97"), or "-" for fewer than two.
+fn spread(runs: &[f64]) -> String {
+    match (runs.iter().copied().reduce(f64::min), runs.iter().copied().reduce(f64::max)) {
+        (Some(lo), Some(hi)) if runs.len() > 1 => format!("{lo:.2}–{hi:.2}"),
+        _ => "-".into(),
+    }
+}
+
 fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>) {
     let find = |target: &str, w: &str, c: usize| {
         results.iter().find(|m| m.target == target && m.workload == w && m.concurrency == c)
@@ -874,12 +882,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
         let f = find("floor", &r.workload, r.concurrency);
         let p = peer_name.and_then(|n| find(n, &r.workload, r.concurrency));
         let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
-        let lo = r.runs_vs_floor.iter().copied().reduce(f64::min);
-        let hi = r.runs_vs_floor.iter().copied().reduce(f64::max);
-        let spread = match (lo, hi) {
-            (Some(lo), Some(hi)) if r.runs_vs_floor.len() > 1 => format!("{lo:.2}–{hi:.2}"),
-            _ => "-".into(),
-        };
+        let spread = spread(&r.runs_vs_floor);
         println!(
             "{:<22} {:>5} {:>10.0} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>7} {:>11} {:>7} {:>7} {:>10} {:>7}",
             r.workload,
@@ -916,12 +919,7 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
     for r in ratios {
         for o in &r.others {
             let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-            let lo = o.runs_vs_reference.iter().copied().reduce(f64::min);
-            let hi = o.runs_vs_reference.iter().copied().reduce(f64::max);
-            let spread = match (lo, hi) {
-                (Some(lo), Some(hi)) if o.runs_vs_reference.len() > 1 => format!("{lo:.2}–{hi:.2}"),
-                _ => "-".into(),
-            };
+            let spread = spread(&o.runs_vs_reference);
             println!(
                 "{:<22} {:>5} {:<32} {:>10.0} {:>9.1} {:>9.1} {:>7} {:>8} {:>11} {:>7}",
                 r.workload,

@@ -210,17 +210,11 @@ pub struct KeyStr(pub Key);
 
 impl<'de> Deserialize<'de> for KeyStr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = KeyStr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a key (a non-empty string of at most {MAX_KEY_LEN} bytes)")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyStr, E> {
-                Key::parse(v).map(KeyStr).map_err(E::custom)
-            }
-        }
-        d.deserialize_str(V)
+        string_with(
+            d,
+            |f| write!(f, "a key (a non-empty string of at most {MAX_KEY_LEN} bytes)"),
+            |v| Key::parse(v).map(KeyStr).map_err(|e| Some(e.to_string())),
+        )
     }
 }
 
@@ -230,24 +224,53 @@ struct PrefixStr;
 
 impl<'de> Deserialize<'de> for PrefixStr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = PrefixStr;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a prefix key (a string of at most {MAX_KEY_LEN} bytes)")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<PrefixStr, E> {
-                if v.len() > MAX_KEY_LEN {
-                    return Err(E::custom(format_args!(
-                        "prefix key is {} bytes long, the limit is {MAX_KEY_LEN}",
-                        v.len()
-                    )));
-                }
-                Ok(PrefixStr)
-            }
-        }
-        d.deserialize_str(V)
+        string_with(
+            d,
+            |f| write!(f, "a prefix key (a string of at most {MAX_KEY_LEN} bytes)"),
+            |v| at_most(v, MAX_KEY_LEN, "prefix key").map(|_| PrefixStr),
+        )
     }
+}
+
+/// A string read by `parse`, whose error is the refusal's text, or `None` for serde's "invalid
+/// value: string ..., expected {expecting}". No allocation unless refused.
+pub(crate) fn string_with<'de, D: Deserializer<'de>, T>(
+    d: D,
+    expecting: fn(&mut fmt::Formatter<'_>) -> fmt::Result,
+    parse: impl FnOnce(&str) -> Result<T, Option<String>>,
+) -> Result<T, D::Error> {
+    struct V<F> {
+        expecting: fn(&mut fmt::Formatter<'_>) -> fmt::Result,
+        parse: F,
+    }
+    impl<T, F: FnOnce(&str) -> Result<T, Option<String>>> Visitor<'_> for V<F> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            (self.expecting)(f)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            struct Expecting(fn(&mut fmt::Formatter<'_>) -> fmt::Result);
+            impl de::Expected for Expecting {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    (self.0)(f)
+                }
+            }
+            let expecting = Expecting(self.expecting);
+            (self.parse)(v).map_err(|refusal| match refusal {
+                Some(text) => E::custom(text),
+                None => E::invalid_value(de::Unexpected::Str(v), &expecting),
+            })
+        }
+    }
+    d.deserialize_str(V { expecting, parse })
+}
+
+/// `v` if it is at most `limit` bytes long, else the refusal naming `what`.
+pub(crate) fn at_most<'v>(v: &'v str, limit: usize, what: &str) -> Result<&'v str, Option<String>> {
+    if v.len() > limit {
+        return Err(Some(format!("{what} is {} bytes long, the limit is {limit}", v.len())));
+    }
+    Ok(v)
 }
 
 /// Reads the elements of a 2-element array; refuses shorter and longer ones.

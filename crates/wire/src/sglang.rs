@@ -11,7 +11,7 @@ use std::vec::Vec;
 use serde::Serialize;
 use serde::de::{self, MapAccess};
 
-use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
+use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, at_most, decode, missing, string_with, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
 use kvpages_core::command::{Command, Reply, Space};
 use kvpages_core::error::{Error, PagePlace};
@@ -69,23 +69,11 @@ struct Namespace(Box<str>);
 
 impl<'de> serde::Deserialize<'de> for Namespace {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Namespace;
-            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                write!(f, "a namespace (a string of at most {MAX_NAMESPACE_LEN} bytes)")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Namespace, E> {
-                if v.len() > MAX_NAMESPACE_LEN {
-                    return Err(E::custom(format_args!(
-                        "namespace is {} bytes long, the limit is {MAX_NAMESPACE_LEN}",
-                        v.len()
-                    )));
-                }
-                Ok(Namespace(v.into()))
-            }
-        }
-        d.deserialize_str(V)
+        string_with(
+            d,
+            |f| write!(f, "a namespace (a string of at most {MAX_NAMESPACE_LEN} bytes)"),
+            |v| at_most(v, MAX_NAMESPACE_LEN, "namespace").map(|v| Namespace(v.into())),
+        )
     }
 }
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::{self, MapAccess};
 
 use super::fast;
-use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, value};
+use super::json::{KeyPage, KeyPair, KeyStr, List, Members, Object, U32, decode, missing, string_with, value};
 use super::{Answer, ErrorCode, Failure, Parsed, Shape, apply, nothing_confirmed, unexpected, unexpected_refusal};
 use kvpages_core::command::{Allocation, Command, Reply, Space};
 use kvpages_core::error::Error;
@@ -164,21 +164,15 @@ enum Role {
 
 impl<'de> serde::Deserialize<'de> for Role {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = Role;
-            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-                f.write_str("\"worker\" or \"scheduler\"")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Role, E> {
-                match v {
-                    "worker" => Ok(Role::Worker),
-                    "scheduler" => Ok(Role::Scheduler),
-                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
-                }
-            }
-        }
-        d.deserialize_str(V)
+        string_with(
+            d,
+            |f| f.write_str("\"worker\" or \"scheduler\""),
+            |v| match v {
+                "worker" => Ok(Role::Worker),
+                "scheduler" => Ok(Role::Scheduler),
+                _ => Err(None),
+            },
+        )
     }
 }
 
