@@ -16,10 +16,7 @@ use process::*;
 
 #[test]
 fn a_restart_keeps_ranks_keys_and_pages() {
-    let dir = tmp("restart");
-    let port = free_port();
-    let mut p = start(&dir, port, &[]);
-    init_two_ranks(p.addr, 64);
+    let (dir, port, mut p) = started_with_two_ranks("restart", 64);
     let keys: Vec<String> = (0..20).map(|i| format!("{i:032x}")).collect();
     let saved: Vec<[i64; 2]> = keys.iter().map(|k| save(p.addr, k).unwrap()).collect();
     assert_eq!(post(p.addr, "/keys/delete", r#"{"keys":["00000000000000000000000000000003"]}"#).0, 200);
@@ -190,10 +187,7 @@ fn wait_for_line(path: &Path, needle: &str) -> String {
 
 #[test]
 fn recovery_and_imports_log_counts_and_rates() {
-    let dir = tmp("progress");
-    let port = free_port();
-    let mut p = start(&dir, port, &[]);
-    init_two_ranks(p.addr, 64);
+    let (dir, port, mut p) = started_with_two_ranks("progress", 64);
     for i in 0..10 {
         save(p.addr, &format!("{i:032x}")).unwrap();
     }

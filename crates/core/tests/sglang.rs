@@ -38,6 +38,15 @@ fn confirm(c: &mut Core, sp: &Space, pairs: &[(&str, u32)], releases: &[u32]) {
     c.check_invariants().unwrap();
 }
 
+/// `keys` (distinct) stored in a fresh pool of `n` pages: the pages they were given.
+fn stored(c: &mut Core, sp: &Space, n: u32, keys: &[&str]) -> Vec<u32> {
+    init(c, sp, n);
+    let pages: Vec<u32> = reserve(c, sp, keys).into_iter().map(|(_, page)| page.expect("a free page")).collect();
+    let pairs: Vec<(&str, u32)> = keys.iter().copied().zip(pages.iter().copied()).collect();
+    confirm(c, sp, &pairs, &[]);
+    pages
+}
+
 #[test]
 fn pages_come_from_the_end_and_released_pages_go_on_top() {
     let mut c = peer();
@@ -124,9 +133,7 @@ fn reset_frees_every_page_and_keeps_the_pool() {
 fn delete_pushes_the_page_back_on_top() {
     let mut c = peer();
     let s = space(0, "kv");
-    init(&mut c, &s, 3);
-    reserve(&mut c, &s, &["a", "b"]);
-    confirm(&mut c, &s, &[("a", 2), ("b", 1)], &[]);
+    assert_eq!(stored(&mut c, &s, 3, &["a", "b"]), [2, 1]);
     assert_eq!(
         c.apply(0, &Command::Delete { space: s.clone(), keys: vec![key("a"), key("zz")] }),
         Ok(Reply::Deleted(1))
@@ -184,9 +191,7 @@ fn an_import_continues_exactly_where_the_peer_stopped() {
 fn export_gives_the_peers_format_back() {
     let mut c = peer();
     let s = space(2, "mamba");
-    init(&mut c, &s, 4);
-    reserve(&mut c, &s, &["a", "b"]);
-    confirm(&mut c, &s, &[("a", 3), ("b", 2)], &[]);
+    assert_eq!(stored(&mut c, &s, 4, &["a", "b"]), [3, 2]);
     // get_page_indices makes "a" the most recently used.
     c.apply(0, &Command::Locations { space: s.clone(), rank: 2, keys: vec![key("a")] }).unwrap();
     let Ok(Reply::SglangPools(pools)) = c.apply(0, &Command::ExportSglang) else { panic!() };

@@ -25,6 +25,16 @@ impl Drop for Proc {
     }
 }
 
+/// A native server on a fresh directory `tmp(name)` and a free port, with ranks 0 and 1 of
+/// `pages` pages: the directory, the port and the server.
+pub fn started_with_two_ranks(name: &str, pages: u32) -> (PathBuf, u16, Proc) {
+    let dir = tmp(name);
+    let port = free_port();
+    let p = start(&dir, port, &[]);
+    init_two_ranks(p.addr, pages);
+    (dir, port, p)
+}
+
 pub fn start(dir: &Path, port: u16, extra: &[&str]) -> Proc {
     start_engine("native", dir, port, extra)
 }
