@@ -137,18 +137,8 @@ fn sglang_pool(p: &kv::SglangPool) -> wit::SglangPool {
 }
 
 fn sglang_pool_in(p: wit::SglangPool) -> Result<kv::SglangPool, EngineError> {
-    let keys = keys::unpack_keys(&p.keys)
-        .map_err(|why| EngineError::Fault(format!("the plugin answered a malformed key batch: {why}")))?;
-    if keys.len() != p.pages.len() {
-        return Err(EngineError::Fault("the plugin answered a pool with keys and pages of unequal length".into()));
-    }
-    Ok(kv::SglangPool {
-        rank: p.rank,
-        namespace: p.namespace.into_boxed_str(),
-        num_pages: p.num_pages,
-        free_pages: p.free_pages,
-        keys: keys.into_iter().zip(p.pages).collect(),
-    })
+    keys::sglang_pool(p.rank, p.namespace, p.num_pages, p.free_pages, &p.keys, p.pages)
+        .map_err(|why| EngineError::Fault(format!("the plugin answered a malformed SGLang pool: {why}")))
 }
 
 /// Applies `cmd` through one call into `inst` (either way in), its bytes built in `buf` (the

@@ -7,7 +7,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use kvpages_core::{Command, Key};
+use kvpages_core::{Command, Key, SglangPool};
 
 /// The prefix of a key sent as its 16 raw bytes (`0x8000 | 16`): a 32-char lowercase hex key,
 /// which needs no parsing.
@@ -94,6 +94,25 @@ pub fn confirmations(
         ));
     }
     Ok((confirmations, raw))
+}
+
+/// An SGLang pool as it crosses the boundary (its keys packed, their pages beside them), put
+/// back together; refused unless the keys decode and there is one page per key. The host
+/// reads an export with this, the guest an import.
+pub fn sglang_pool(
+    rank: u32,
+    namespace: String,
+    num_pages: u32,
+    free_pages: Vec<u32>,
+    packed_keys: &[u8],
+    pages: Vec<u32>,
+) -> Result<SglangPool, String> {
+    let keys = unpack_keys(packed_keys)?;
+    if keys.len() != pages.len() {
+        return Err(alloc::format!("{} keys but {} pages", keys.len(), pages.len()));
+    }
+    let keys = keys.into_iter().zip(pages).collect();
+    Ok(SglangPool { rank, namespace: namespace.into_boxed_str(), num_pages, free_pages, keys })
 }
 
 /// What a batch decodes into: a key, or a key with its page. Dropping one whose key is a

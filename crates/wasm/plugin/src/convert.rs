@@ -137,22 +137,8 @@ pub(crate) fn error(e: &kv::Error) -> wit::Error {
 }
 
 pub(crate) fn sglang_pool(p: wit::SglangPool, index: usize) -> Result<kv::SglangPool, wit::Error> {
-    let keys =
-        keys::unpack_keys(&p.keys).map_err(|m| wit::Error::InvalidInput(alloc::format!("pools[{index}].{m}")))?;
-    if keys.len() != p.pages.len() {
-        return Err(wit::Error::InvalidInput(alloc::format!(
-            "pools[{index}]: {} keys but {} pages",
-            keys.len(),
-            p.pages.len()
-        )));
-    }
-    Ok(kv::SglangPool {
-        rank: p.rank,
-        namespace: p.namespace.into_boxed_str(),
-        num_pages: p.num_pages,
-        free_pages: p.free_pages,
-        keys: keys.into_iter().zip(p.pages).collect(),
-    })
+    keys::sglang_pool(p.rank, p.namespace, p.num_pages, p.free_pages, &p.keys, p.pages)
+        .map_err(|why| wit::Error::InvalidInput(alloc::format!("pools[{index}]: {why}")))
 }
 
 pub(crate) fn sglang_pool_out(p: &kv::SglangPool) -> wit::SglangPool {
