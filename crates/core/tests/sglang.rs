@@ -120,9 +120,7 @@ fn an_uninitialized_rank_namespace_is_refused_everywhere() {
 fn reset_frees_every_page_and_keeps_the_pool() {
     let mut c = peer();
     let s = space(0, "kv");
-    init(&mut c, &s, 3);
-    assert_eq!(reserve(&mut c, &s, &["a", "b"]), vec![(false, Some(2)), (false, Some(1))]);
-    confirm(&mut c, &s, &[("a", 2), ("b", 1)], &[]);
+    assert_eq!(stored(&mut c, &s, 3, &["a", "b"]), [2, 1]);
     c.apply(0, &Command::Reset { space: s.clone() }).unwrap();
     c.check_invariants().unwrap();
     assert_eq!(c.free_list(&s, 0), Some(vec![2, 1, 0]));
