@@ -622,7 +622,7 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
         let report = Report {
             kind: "load",
             machine: Machine::read(),
-            command: std::env::args().collect(),
+            command: command_line(),
             pool,
             warmup_s: args.warmup.as_secs_f64(),
             targets: &targets,
@@ -632,6 +632,18 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
         write_json(path, &report)?;
     }
     if failed.is_empty() { Ok(()) } else { Err(format!("requests failed:\n  {}", failed.join("\n  "))) }
+}
+
+/// The command line as a report records it: paths below the working directory relative to it,
+/// so that a report names no machine's directories.
+pub(crate) fn command_line() -> Vec<String> {
+    let cwd = std::env::current_dir().ok().map(|d| format!("{}/", d.display()));
+    std::env::args()
+        .map(|a| match cwd.as_deref().and_then(|cwd| a.strip_prefix(cwd)) {
+            Some(rest) => rest.to_owned(),
+            None => a,
+        })
+        .collect()
 }
 
 pub(crate) fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<(), String> {

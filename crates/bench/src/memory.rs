@@ -108,7 +108,7 @@ pub(super) fn run(args: &Options) -> Result<(), String> {
     let report = MemoryReport {
         kind: "memory",
         machine: Machine::read(),
-        command: std::env::args().collect(),
+        command: crate::command_line(),
         keys: n,
         key_form: "32-char lowercase hex, one rank",
         pool_pages: pages,
