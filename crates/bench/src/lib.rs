@@ -452,8 +452,8 @@ async fn describe(addr: SocketAddr, name: String, duration: Duration) -> Result<
     Ok(Target { name, engine, durability, addr, pool_full_addr: addr, duration, in_process: false })
 }
 
-async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
-    let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload.clone() };
+/// The kvpages servers (the first is the reference, `kvpages`), the floor and the peer.
+async fn targets(args: &Options, server: &InProcess) -> Result<(Vec<Target>, Target, Option<Target>), String> {
     // The kvpages servers: the first is the reference (`kvpages`).
     let kv: Vec<Target> = match &args.url {
         Some(url) => {
@@ -474,7 +474,6 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
             })
             .collect(),
     };
-    let primary = kv[0].clone();
     let (_, floor_addr, floor_pool_full_addr) = server.servers[0];
     let floor = Target {
         name: "floor".into(),
@@ -496,6 +495,65 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
         ),
         None => None,
     };
+    Ok((kv, floor, peer))
+}
+
+/// The floor's mode for `w`: each step answered with the mean reply size the real route gave
+/// in `raw`.
+fn floor_mode_of(w: Workload, raw: &Raw) -> Mode {
+    let replies = (0..w.steps().len())
+        .map(|i| {
+            let n: usize = raw.tallies.iter().map(|t| t.samples[i].len()).sum();
+            let bytes: u64 = raw.tallies.iter().map(|t| t.reply_bytes[i]).sum();
+            format!("{FLOOR_PATH}?reply={}", bytes.checked_div(n as u64).unwrap_or(0))
+        })
+        .collect();
+    Mode::floor(w, replies)
+}
+
+/// The reference's ratios at one point: to the floor, to the peer, and each other kvpages
+/// target's to the reference.
+fn ratio(
+    w: Workload,
+    c: usize,
+    real: &Measurement,
+    base: &Measurement,
+    other: Option<&Measurement>,
+    extra: &[Measurement],
+) -> Ratio {
+    let div = |a: f64, b: f64| (b > 0.0 && a > 0.0).then_some(a / b);
+    let runs = |a: &[f64], b: &[f64]| a.iter().zip(b).filter_map(|(&a, &b)| div(a, b)).collect::<Vec<_>>();
+    let others = extra
+        .iter()
+        .map(|m| OtherRatio {
+            target: m.target.clone(),
+            engine: m.engine.clone(),
+            durability: m.durability.clone(),
+            requests_per_s: m.requests_per_s,
+            p50_us: m.latency.p50_us,
+            p99_us: m.latency.p99_us,
+            vs_floor: div(m.requests_per_s, base.requests_per_s),
+            vs_reference: div(m.requests_per_s, real.requests_per_s),
+            runs_vs_reference: runs(&m.runs_requests_per_s, &real.runs_requests_per_s),
+            cpu_vs_reference: cpu_ratio(real, m),
+        })
+        .collect();
+    Ratio {
+        workload: w.name().into(),
+        concurrency: c,
+        vs_floor: div(real.requests_per_s, base.requests_per_s),
+        vs_peer: other.and_then(|o| div(real.requests_per_s, o.requests_per_s)),
+        p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
+        runs_vs_floor: runs(&real.runs_requests_per_s, &base.runs_requests_per_s),
+        cpu_vs_floor: cpu_ratio(base, real),
+        others,
+    }
+}
+
+async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
+    let workloads = if args.workload.is_empty() { Workload::ALL.to_vec() } else { args.workload.clone() };
+    let (kv, floor, peer) = targets(args, server).await?;
+    let primary = kv[0].clone();
     let pool = format!(
         "rank 0 of {} pages; allocating workloads clear the server and re-initialize rank 0 before a round \
          would exhaust it (a /keys/delete per iteration would add a request to every iteration), pauses not counted; lookups hit {} stored keys; pool-full: {} pages, all confirmed",
@@ -544,17 +602,7 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
                     extra[i - 1].push(run_once(t, &fixtures[i], &Mode::Real, c, args, &tag(t)).await?);
                 }
                 // The floor answers each step with the mean reply size its real route gave.
-                let mode = floor_mode.get_or_insert_with(|| {
-                    let raw = &real[0];
-                    let replies = (0..w.steps().len())
-                        .map(|i| {
-                            let n: usize = raw.tallies.iter().map(|t| t.samples[i].len()).sum();
-                            let bytes: u64 = raw.tallies.iter().map(|t| t.reply_bytes[i]).sum();
-                            format!("{FLOOR_PATH}?reply={}", bytes.checked_div(n as u64).unwrap_or(0))
-                        })
-                        .collect();
-                    Mode::floor(w, replies)
-                });
+                let mode = floor_mode.get_or_insert_with(|| floor_mode_of(w, &real[0]));
                 base.push(run_once(&floor, &fixture, mode, c, args, &tag(&floor)).await?);
                 if let (Some(p), Some(f)) = (&peer, &peer_fixture)
                     && rep < args.peer_repeat.unwrap_or(args.repeat).max(1)
@@ -571,33 +619,7 @@ async fn load(args: &Options, server: &InProcess) -> Result<(), String> {
             {
                 print_measurement(m);
             }
-            let div = |a: f64, b: f64| (b > 0.0 && a > 0.0).then_some(a / b);
-            let runs = |a: &[f64], b: &[f64]| a.iter().zip(b).filter_map(|(&a, &b)| div(a, b)).collect::<Vec<_>>();
-            let others = extra
-                .iter()
-                .map(|m| OtherRatio {
-                    target: m.target.clone(),
-                    engine: m.engine.clone(),
-                    durability: m.durability.clone(),
-                    requests_per_s: m.requests_per_s,
-                    p50_us: m.latency.p50_us,
-                    p99_us: m.latency.p99_us,
-                    vs_floor: div(m.requests_per_s, base.requests_per_s),
-                    vs_reference: div(m.requests_per_s, real.requests_per_s),
-                    runs_vs_reference: runs(&m.runs_requests_per_s, &real.runs_requests_per_s),
-                    cpu_vs_reference: cpu_ratio(&real, m),
-                })
-                .collect();
-            ratios.push(Ratio {
-                workload: w.name().into(),
-                concurrency: c,
-                vs_floor: div(real.requests_per_s, base.requests_per_s),
-                vs_peer: other.as_ref().and_then(|o| div(real.requests_per_s, o.requests_per_s)),
-                p50_vs_floor: div(real.latency.p50_us, base.latency.p50_us),
-                runs_vs_floor: runs(&real.runs_requests_per_s, &base.runs_requests_per_s),
-                cpu_vs_floor: cpu_ratio(&base, &real),
-                others,
-            });
+            ratios.push(ratio(w, c, &real, &base, other.as_ref(), &extra));
             for m in
                 [Some(&real), Some(&base)].into_iter().chain(extra.iter().map(Some)).chain([other.as_ref()]).flatten()
             {
