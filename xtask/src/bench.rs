@@ -523,6 +523,14 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         );
     }
     others_md(&mut s, load);
+    memory_md(&mut s, memory);
+    core_md(&mut s, core);
+    s
+}
+
+/// The memory section: RSS per stored key, and a huge rank's initialization.
+fn memory_md(s: &mut String, memory: &Value) {
+    use std::fmt::Write;
     let _ = writeln!(s, "\n## Memory (`kvpages bench --memory`)\n");
     let _ = writeln!(
         s,
@@ -542,6 +550,11 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         memory["huge_rank_rss_kib"].as_i64().unwrap_or(0),
         memory["huge_rank_first_allocate_confirm_us"].as_f64().unwrap_or(f64::NAN)
     );
+}
+
+/// The core's criterion figures by pool size, natively and through the plugin.
+fn core_md(s: &mut String, core: &Value) {
+    use std::fmt::Write;
     let _ = writeln!(
         s,
         "\n## Core alone and through the plugin (`plugin_*`; criterion; {})\n",
@@ -574,7 +587,6 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         }
         let _ = writeln!(s);
     }
-    s
 }
 
 /// The other `--targets` (engines, durable modes) beside the reference, one table each.
