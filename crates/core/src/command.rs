@@ -384,23 +384,24 @@ pub struct Counters {
     pub location_misses: u64,
 }
 
-/// Calls the macro `$callback` with `$arg;` and the name of every [`Counters`] field, in
+/// Calls the macro at path `$callback` with `$arg;` and the name of every [`Counters`] field, in
 /// declaration order: code that must name every counter (the plugin boundary's conversions)
 /// builds its struct literal from this list, so a counter missing here, or there, does not
 /// compile.
 #[macro_export]
 macro_rules! for_each_counter {
-    ($callback:ident!($($arg:tt)*)) => {
+    ($callback:path; $($arg:tt)*) => {{
         $callback! {
             $($arg)*; reserved, cache_hits, misses, committed, refused_confirms, superseded, released,
             ignored_releases, expired_reservations, dropped_keys, evictions, deleted, quarantined_pages,
             location_hits, location_misses
         }
-    };
+    }};
 }
 
 /// With [`for_each_counter`]: a `$to` struct literal with every counter copied from `$from`
-/// (`for_each_counter!(copy_counters!(wit::Counters, c))`, for a struct with the same fields).
+/// (`for_each_counter!(kvpages_core::copy_counters; wit::Counters, c)`, for a struct with the same
+/// fields).
 #[macro_export]
 macro_rules! copy_counters {
     ($to:path, $from:expr; $($field:ident),*) => {{
@@ -443,29 +444,36 @@ macro_rules! copy_stats {
                             },
                         })
                         .collect(),
-                    counters: $crate::for_each_counter!(copy_counters!($to::Counters, &sp.counters)),
+                    counters: $crate::for_each_counter!($crate::copy_counters; $to::Counters, &sp.counters),
                 })
                 .collect(),
         }
     }};
 }
 
-macro_rules! counters_impl {
-    (; $($field:ident),*) => {
-        impl Counters {
-            /// Every counter with its field name, in declaration order.
-            pub fn named(&self) -> [(&'static str, u64); 15] {
-                [$((stringify!($field), self.$field)),*]
-            }
-
-            /// Adds `other`'s counts to these.
-            pub fn add(&mut self, other: &Counters) {
-                $(self.$field += other.$field;)*
-            }
-        }
+macro_rules! named_counters {
+    ($c:expr; $($field:ident),*) => {
+        [$((stringify!($field), $c.$field)),*]
     };
 }
-for_each_counter!(counters_impl!());
+
+macro_rules! add_counters {
+    ($to:expr, $from:expr; $($field:ident),*) => {
+        $($to.$field += $from.$field;)*
+    };
+}
+
+impl Counters {
+    /// Every counter with its field name, in declaration order.
+    pub fn named(&self) -> [(&'static str, u64); 15] {
+        for_each_counter!(named_counters; self)
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Counters) {
+        for_each_counter!(add_counters; self, other);
+    }
+}
 
 /// A space's figures.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::hash::BuildHasher;
 
 use kvpages_abi::{Seen, direct, keys};
 use kvpages_core as kv;
-use kvpages_core::{Command, Key, Millis, Reply, copy_counters};
+use kvpages_core::{Command, Key, Millis, Reply};
 
 use super::bindings::exports::kvpages::engine::engine as wit;
 use super::sandbox::{Budget, Instance, Trap};

@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use kvpages_abi::keys;
 use kvpages_core as kv;
-use kvpages_core::{Key, copy_counters};
+use kvpages_core::Key;
 
 use crate::bindings::exports::kvpages::engine::engine as wit;
 
