@@ -135,6 +135,121 @@ fn kill_9_under_load(engine: &str) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A lookup's reply does not wait for its own lease record, only for the records before it.
+/// Under a lookup-heavy load with eviction, killed with `kill -9` and restarted: every page a
+/// reader was shown still holds its key (so no writer was given it), and no page has two keys.
+#[test]
+fn kill_9_under_lookups_keeps_every_reader_protected() {
+    const POOL: u32 = 256;
+    const LEASE: &str = "2";
+    let dir = tmp("kill9-lookups");
+    let port = free_port();
+    let opts = ["--read-lease", LEASE, "--snapshot-every", "300"];
+    let mut p = start_engine("wasm", &dir, port, &opts);
+    init_two_ranks(p.addr, POOL);
+    // Fills the pool to just under its eviction mark; the readers' hot set is the first 64.
+    let stored: Vec<String> = (0..240).map(|i| format!("{i:032x}")).collect();
+    for key in &stored {
+        save(p.addr, key).expect("a pool with room saves");
+    }
+    // Every key a writer began to save.
+    let written: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut shown_total, mut saves_total) = (0, 0);
+    for round in 0..6u64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        // (key, rank, page) of every hit a reader was answered in this round.
+        let shown: Arc<Mutex<Vec<(String, u32, i64)>>> = Arc::default();
+        let readers: Vec<_> = (0..3u64)
+            .map(|r| {
+                let (stop, shown, written, hot, addr) =
+                    (stop.clone(), shown.clone(), written.clone(), stored[..64].to_vec(), p.addr);
+                std::thread::spawn(move || {
+                    let mut i = r;
+                    while !stop.load(Ordering::Relaxed) {
+                        let recent: Vec<String> = written.lock().unwrap().iter().rev().take(4).cloned().collect();
+                        let keys: Vec<String> =
+                            (0..4).map(|j| hot[((i * 7 + j * 13) % 64) as usize].clone()).chain(recent).collect();
+                        let rank = (i % 2) as u32;
+                        i += 1;
+                        let body = serde_json::json!({"rank": rank, "keys": keys}).to_string();
+                        let (st, body) = post(addr, "/keys/get_locations", &body);
+                        if st != 200 {
+                            continue; // the kill
+                        }
+                        let got = json(&body)["locations"].as_array().unwrap().clone();
+                        let mut shown = shown.lock().unwrap();
+                        for (k, page) in keys.iter().zip(got) {
+                            if let Some(page) = page.as_i64() {
+                                shown.push((k.clone(), rank, page));
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let writer = {
+            let (stop, written, addr) = (stop.clone(), written.clone(), p.addr);
+            std::thread::spawn(move || {
+                let mut saves = 0;
+                for i in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = format!("f{round:015x}{i:016x}"); // never one of `stored`
+                    // Readers look the key up while it is being saved, too.
+                    written.lock().unwrap().push(key.clone());
+                    if save(addr, &key).is_some() {
+                        saves += 1;
+                    }
+                }
+                saves
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100 + next() % 200));
+        p.child.kill().unwrap(); // SIGKILL: records not yet handed to the OS are lost.
+        p.child.wait().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        saves_total += writer.join().unwrap();
+        p = start_engine("wasm", &dir, port, &opts);
+        // No command ran since the restart: a page shown is still its key's, whatever the leases.
+        let shown = shown.lock().unwrap();
+        shown_total += shown.len();
+        for (key, rank, page) in shown.iter() {
+            let now = locations(p.addr, *rank, std::slice::from_ref(key));
+            assert_eq!(now, [Some(*page)], "round {round}: a reader was shown {key} at page {page} on rank {rank}");
+        }
+        // No page holds two keys.
+        let every: Vec<String> = stored.iter().chain(written.lock().unwrap().iter()).cloned().collect();
+        for rank in 0..2u32 {
+            let mut owner = std::collections::BTreeMap::new();
+            for (key, page) in every.iter().zip(locations(p.addr, rank, &every)) {
+                if let Some(other) = page.and_then(|page| owner.insert(page, key)) {
+                    panic!("round {round}: page {page:?} of rank {rank} holds {other} and {key}");
+                }
+            }
+        }
+        assert_pages_add_up(p.addr);
+        // Recovery leased every key for the read lease; once it ends, writers can evict again.
+        std::thread::sleep(Duration::from_millis(2100));
+    }
+    assert!(shown_total > 200, "the readers were answered: {shown_total}");
+    let saved = stored.len() + saves_total;
+    assert!(saved > POOL as usize + 32, "the writers evicted: {saved} keys saved into {POOL} pages");
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_torn_log_tail_is_cut_and_the_server_starts() {
     let dir = tmp("torn");

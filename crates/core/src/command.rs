@@ -208,6 +208,15 @@ impl Command {
         !matches!(self, Command::Exists { .. } | Command::Inspect { .. } | Command::Stats | Command::ExportSglang)
     }
 
+    /// Whether the command changes nothing a crash must keep: only read leases, recency,
+    /// counters, and what time alone ends (reservations and quarantines past their deadline).
+    /// A command log still records it, but its reply need not wait for its own record: if the
+    /// record is lost, recovery's blanket read lease ([`Command::LeaseAll`]) protects every
+    /// reader for longer, and any later change that depends on it is logged after it.
+    pub fn changes_only_leases(&self) -> bool {
+        matches!(self, Command::Locations { .. })
+    }
+
     /// The command's name, for logs and messages (the WIT interface's function name).
     pub fn name(&self) -> &'static str {
         match self {

@@ -106,8 +106,8 @@ impl App {
     /// Applies one command; the lock is held for this call only. Waiting for the lock past
     /// `deadline` gives up with [`EngineError::Busy`]. When durable, a state-changing command
     /// is logged under the lock (so the log order is the apply order) and the reply waits for
-    /// its record; a read waits for every record before it, so it never shows state a crash
-    /// could take back.
+    /// its record; a read, or a command that only takes read leases, waits for every record
+    /// before it that changes more, so it never shows state a crash could take back.
     pub(crate) async fn apply(&self, cmd: &Command, deadline: Instant) -> Result<Reply, EngineError> {
         if !self.is_ready() {
             return Err(EngineError::Recovering);
@@ -127,7 +127,7 @@ impl App {
         let now = self.now();
         let reply = engine.apply(now, cmd);
         let logged = reply.is_ok() && cmd.is_mutating();
-        let wait_for = log.map(|log| if logged { log.append(now, cmd) } else { log.last_seq() });
+        let wait_for = log.map(|log| if logged { log.append(now, cmd) } else { log.barrier() });
         drop(engine);
         if let (Some(log), Some(seq)) = (log, wait_for) {
             log.wait(seq, deadline).await.map_err(|e| match e {

@@ -54,7 +54,12 @@ impl std::str::FromStr for FsyncMode {
 struct Pending {
     buf: Vec<u8>,
     last_seq: u64,
+    /// Seq of the last record whose command changes more than leases: what a reply waits for
+    /// (with its own record, unless that one only changes leases).
+    last_hard: u64,
     closing: bool,
+    /// The flusher waits on `wake` (an append must wake it; otherwise it comes back by itself).
+    idle: bool,
 }
 
 /// What the flusher publishes: how far the log is durable, and the storage fault it is in.
@@ -69,6 +74,9 @@ struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
     mark: tokio::sync::watch::Sender<Mark>,
+    /// `mark.durable`, readable without the channel: a reply whose records are durable already
+    /// goes without waiting.
+    durable: AtomicU64,
 }
 
 /// Why a record is not durable (see [`Log::wait`]).
@@ -112,9 +120,10 @@ impl Log {
     pub fn start(dir: &Path, mode: FsyncMode, last_seq: u64) -> Result<Log, String> {
         let (tx, rx) = tokio::sync::watch::channel(Mark { durable: last_seq, fault: None });
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, closing: false }),
+            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, last_hard: last_seq, closing: false, idle: false }),
             wake: Condvar::new(),
             mark: tx,
+            durable: AtomicU64::new(last_seq),
         });
         let existing: u64 = numbered(dir, "wal-", ".log")
             .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -134,21 +143,35 @@ impl Log {
         Ok(Log { shared, mark: rx, flusher: Mutex::new(Some(flusher)), dir: dir.to_path_buf() })
     }
 
-    /// Appends one record; returns its seq. Call with the engine lock held, so the log order is
-    /// the apply order.
+    /// Appends one record; returns the seq its reply waits for ([`Log::wait`]): its own, or for
+    /// a command that changes only leases ([`Command::changes_only_leases`]) the last record
+    /// before it that changes more (its own reaches the disk in the same order, but no reply
+    /// depends on it). Call with the engine lock held, so the log order is the apply order.
     pub fn append(&self, now: Millis, command: &Command) -> u64 {
         let mut p = self.shared.pending.lock().expect("log lock");
         let seq = p.last_seq + 1;
         encode_record(&mut p.buf, seq, now, command);
         p.last_seq = seq;
+        if !command.changes_only_leases() {
+            p.last_hard = seq;
+        }
+        let (wait_for, wake) = (p.last_hard, p.idle);
         drop(p);
-        self.shared.wake.notify_one();
-        seq
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        wait_for
     }
 
     /// The seq of the last record appended.
     pub fn last_seq(&self) -> u64 {
         self.shared.pending.lock().expect("log lock").last_seq
+    }
+
+    /// The seq a read waits for: the last record that changes more than leases (a read shows
+    /// no state a crash could take back).
+    pub fn barrier(&self) -> u64 {
+        self.shared.pending.lock().expect("log lock").last_hard
     }
 
     /// The storage fault the log is in (`path: OS error`), or `None` while it writes.
@@ -159,6 +182,9 @@ impl Log {
     /// Waits until record `seq` is durable, or `deadline` passes. While the log cannot write,
     /// a record not yet durable gives up at once with the fault.
     pub async fn wait(&self, seq: u64, deadline: Instant) -> Result<(), NotDurable> {
+        if self.shared.durable.load(Ordering::Acquire) >= seq {
+            return Ok(());
+        }
         let mut rx = self.mark.clone();
         let wait = rx.wait_for(|m| m.durable >= seq || m.fault.is_some());
         match tokio::time::timeout_at(deadline.into(), wait).await {
@@ -430,8 +456,10 @@ fn next_batch<S: SegmentIo>(
             (None, FsyncMode::Interval(every)) if w.unsynced() => every.saturating_sub(last_sync.elapsed()),
             _ => Duration::from_secs(3600),
         };
+        p.idle = true;
         let (guard, res) = shared.wake.wait_timeout(p, timeout).expect("log lock");
         p = guard;
+        p.idle = false;
         if res.timed_out() {
             break;
         }
@@ -452,6 +480,7 @@ fn mark_written<S: SegmentIo>(shared: &Shared, w: &Writer<S>, episode: &mut Opti
         crate::telemetry::set_storage_up(true);
     }
     let durable = w.durable();
+    shared.durable.store(durable, Ordering::Release);
     shared.mark.send_if_modified(|m| {
         let changed = m.durable != durable || m.fault.is_some();
         (m.durable, m.fault) = (durable, None);
@@ -479,6 +508,7 @@ fn mark_failed<S: SegmentIo>(shared: &Shared, w: &Writer<S>, episode: &mut Optio
         }
     }
     let durable = w.durable();
+    shared.durable.store(durable, Ordering::Release);
     shared.mark.send_modify(|m| (m.durable, m.fault) = (durable, Some(why.clone())));
 }
 

@@ -54,3 +54,25 @@ fn snapshots_bound_the_log_and_a_damaged_snapshot_stops_the_start() {
     assert!(err.contains("is damaged (checksum mismatch)"), "{err}");
     fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_lookup_waits_for_the_records_before_it_but_not_for_its_own_lease() {
+    let d = tmp("lease-only");
+    open_dir(&d).unwrap();
+    let log = Log::start(&d, FsyncMode::Always, 0).unwrap();
+    let lookup = Command::Locations { space: Space::Vllm, rank: 0, keys: vec![Key::parse("k").unwrap()] };
+    // (command, what its reply waits for, the barrier a read meets after it)
+    let steps = [(cmd(0), 1, 1), (lookup.clone(), 1, 1), (lookup.clone(), 1, 1), (cmd(1), 4, 4), (lookup, 4, 4)];
+    for (i, (command, waits_for, barrier)) in steps.into_iter().enumerate() {
+        assert_eq!(log.append(7, &command), waits_for, "step {i}");
+        assert_eq!(log.barrier(), barrier, "step {i}");
+        assert_eq!(log.last_seq(), i as u64 + 1, "step {i}: every command is logged");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(log.wait(5, Instant::now() + Duration::from_secs(5))).unwrap();
+    log.close();
+    // The lease records are in the log, in order, like every other record.
+    let seqs: Vec<u64> = recover(&d).unwrap().records.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+    fs::remove_dir_all(&d).unwrap();
+}
