@@ -25,10 +25,11 @@ use crate::{Result, cargo, root, run, step};
 /// Concurrencies of the report.
 const CONCURRENCY: &str = "1,4,16,64";
 
-/// The in-process servers of the report, measured interleaved in one run: the native engine in
-/// memory (the reference the floor and the peer are compared with), the wasm plugin (the
-/// default engine), and the native engine on disk with each `--fsync` mode.
-const TARGETS: &str = "native,wasm,native/always,native/interval=10";
+/// The in-process servers of the report, measured interleaved in one run: the default
+/// configuration (what `kvpages serve` runs: the wasm plugin, `--fsync always`; the reference
+/// the floor and the peer are compared with), both engines in memory, the native engine with
+/// `--fsync always`, and the plugin with `--fsync interval=10`.
+const TARGETS: &str = "default,native,wasm,native/always,wasm/interval=10";
 
 struct Peer {
     child: Child,
@@ -203,12 +204,12 @@ fn runs_range(runs: &Value) -> Option<String> {
     }
 }
 
-/// `0.81 (0.70–0.94)`: a pooled ratio and its runs' range.
 /// A number with `digits` decimals, `-` when it is absent or not finite.
 fn num(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite()).map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
+/// `0.81 (0.70–0.94)`: a pooled ratio and its runs' range.
 fn ratio_runs(ratio: &Value, runs: &Value) -> String {
     let Some(r) = ratio.as_f64().filter(|r| r.is_finite()) else { return "-".into() };
     match runs_range(runs) {
@@ -323,16 +324,34 @@ fn wasm_ratio_table(load: &Value) -> String {
         let _ = write!(s, " {c} |");
     }
     let _ = writeln!(s, "\n|---|{}", "---|".repeat(concs.len()));
-    let wasm = other_targets(load).into_iter().find(|o| o.engine == "wasm" && o.durability == "memory");
+    let in_memory = |engine: &str| {
+        other_targets(load).into_iter().find(|o| o.engine == engine && o.durability == "memory").map(|o| o.target)
+    };
+    let (wasm, native) = (in_memory("wasm"), in_memory("native"));
+    // Native in memory may be the reference itself (as in runs before the default
+    // configuration was the reference): its ratio to itself is 1.
+    let reference = &load["targets"][0];
+    let same = (native.is_none() && reference["engine"] == "native" && reference["durability"] == "memory")
+        .then(|| serde_json::json!({"vs_reference": 1.0, "runs_vs_reference": [], "cpu_vs_reference": 1.0}));
     let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
     for w in workloads(load) {
         let _ = write!(s, "| {w} |");
         for &c in &concs {
             let at = ratios.iter().find(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c));
-            let o = at.zip(wasm.as_ref()).and_then(|(r, wasm)| other_at(r, &wasm.target));
-            let cell = o.map_or("-".into(), |o| {
-                let ratio = ratio_runs(&o["vs_reference"], &o["runs_vs_reference"]);
-                match num(o["cpu_vs_reference"].as_f64(), 2).as_str() {
+            let pair = at.and_then(|&r| {
+                let wasm = other_at(r, wasm.as_deref()?)?;
+                Some((wasm, native.as_deref().map_or_else(|| same.clone(), |t| other_at(r, t).cloned())?))
+            });
+            let cell = pair.map_or("-".into(), |(wasm, native)| {
+                // Both are measured against the same reference: their quotient is wasm ÷ native.
+                let over = |k: &str| Some(wasm[k].as_f64()? / native[k].as_f64()?);
+                let runs = |k: &str| -> Vec<f64> {
+                    let side = |o: &Value| o[k].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+                    let (a, b): (Vec<f64>, Vec<f64>) = (side(wasm), side(&native));
+                    if b.is_empty() { a } else { a.iter().zip(&b).map(|(a, b)| a / b).collect() }
+                };
+                let ratio = ratio_runs(&over("vs_reference").into(), &runs("runs_vs_reference").into());
+                match num(over("cpu_vs_reference"), 2).as_str() {
                     "-" => ratio,
                     cpu => format!("{ratio}, cpu {cpu}"),
                 }

@@ -115,11 +115,10 @@ pub struct Options {
     pub threads: Option<usize>,
     /// Log filter of the in-process server.
     pub log: String,
-    /// In-process servers to measure, comma-separated: `ENGINE` (in memory) or `ENGINE/FSYNC`
-    /// (durable, `--fsync FSYNC`), e.g. `native,wasm,native/always,native/interval=10`. The
-    /// first is the reference (`kvpages` in the results, compared with the floor and the peer);
-    /// every other is also reported as a ratio to it. Runs alternate target by target. Default:
-    /// the default engine (`wasm`) in memory. Not with --url.
+    /// In-process servers to measure: see [`TargetSpec`]. The first is the reference (`kvpages`
+    /// in the results, compared with the floor and the peer); every other is also reported as a
+    /// ratio to it. Runs alternate target by target. Default: [`TargetSpec::serve_default`].
+    /// Not with --url.
     pub targets: Vec<TargetSpec>,
     /// Where durable --targets keep their state: a fresh subdirectory each, emptied first and
     /// removed at the end.
@@ -136,6 +135,12 @@ pub struct TargetSpec {
 }
 
 impl TargetSpec {
+    /// What `kvpages serve` runs with no flags: the default engine on a data directory with the
+    /// default `--fsync` (`default` in `--targets`).
+    pub fn serve_default() -> TargetSpec {
+        TargetSpec { engine: ServeConfig::default().engine, fsync: Some(FsyncMode::default()) }
+    }
+
     /// `memory`, `fsync-always` or `fsync-interval-MSms`: the durability label of the results.
     pub fn durability(&self) -> String {
         match self.fsync {
@@ -148,7 +153,11 @@ impl TargetSpec {
 
 impl std::str::FromStr for TargetSpec {
     type Err = String;
+    /// `default`, `ENGINE` (in memory) or `ENGINE/FSYNC` (durable, `--fsync FSYNC`).
     fn from_str(s: &str) -> Result<TargetSpec, String> {
+        if s.trim() == "default" {
+            return Ok(TargetSpec::serve_default());
+        }
         let (engine, fsync) = match s.split_once('/') {
             Some((e, f)) => (e, Some(f.parse::<FsyncMode>()?)),
             None => (s, None),
@@ -424,7 +433,7 @@ pub fn main(args: Options) -> Result<(), String> {
     if args.url.is_some() && !args.targets.is_empty() {
         return Err("--targets names in-process servers; --url measures another one: pick one of them".into());
     }
-    let default = [TargetSpec { engine: ServeConfig::default().engine, fsync: None }];
+    let default = [TargetSpec::serve_default()];
     let specs = if args.targets.is_empty() { &default[..] } else { &args.targets[..] };
     let threads = args.threads.unwrap_or_else(default_threads);
     let server = InProcess::start(threads, specs, &args.data_dir)?;
@@ -981,6 +990,36 @@ fn print_tables(results: &[Measurement], ratios: &[Ratio], peer: Option<&Target>
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
+
+    use super::{EngineKind, FsyncMode, TargetSpec};
+
+    #[test]
+    fn targets_parse_to_engines_and_durability() {
+        let ok = [
+            ("default", EngineKind::Wasm, Some(FsyncMode::Always), "fsync-always"),
+            ("native", EngineKind::Native, None, "memory"),
+            ("wasm", EngineKind::Wasm, None, "memory"),
+            ("native/always", EngineKind::Native, Some(FsyncMode::Always), "fsync-always"),
+            (
+                "wasm/interval=10",
+                EngineKind::Wasm,
+                Some(FsyncMode::Interval(Duration::from_millis(10))),
+                "fsync-interval-10ms",
+            ),
+        ];
+        for (text, engine, fsync, durability) in ok {
+            let spec: TargetSpec = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!((spec.engine, spec.fsync, spec.durability().as_str()), (engine, fsync, durability), "{text}");
+            // `--fsync` reads back what it prints.
+            if let Some(f) = fsync {
+                assert_eq!(f.to_string().parse::<FsyncMode>(), Ok(f), "{text}");
+            }
+        }
+        assert_eq!(TargetSpec::serve_default(), "default".parse().unwrap());
+        for bad in ["wasm/sometimes", "native/interval=0", "sparc", "default/always"] {
+            assert!(bad.parse::<TargetSpec>().is_err(), "{bad}");
+        }
+    }
 
     /// Spins on a new thread named `name` for `d` of wall time, then reports `server_cpu()`
     /// before the spin and while the thread still lives.

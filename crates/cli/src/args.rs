@@ -177,7 +177,7 @@ pub struct ServeArgs {
     /// When a reply may be sent: `always` = after fsync (one fsync for every group of waiting
     /// requests; survives power loss), or `interval=MS` = once the OS has the record (survives a
     /// kvpages crash; a power loss loses up to MS of acknowledged changes).
-    #[arg(long, env = "KVPAGES_FSYNC", default_value = "always")]
+    #[arg(long, env = "KVPAGES_FSYNC", default_value_t = kvpages_host::durable::FsyncMode::default())]
     pub fsync: kvpages_host::durable::FsyncMode,
     /// Take a snapshot (and drop older log segments) after this many log records...
     #[arg(long, env = "KVPAGES_SNAPSHOT_EVERY", default_value_t = 1_000_000)]
@@ -329,11 +329,12 @@ pub struct BenchArgs {
     /// Log filter of the in-process server.
     #[arg(long, default_value = "error")]
     pub log: String,
-    /// In-process servers to measure, comma-separated: `ENGINE` (in memory) or `ENGINE/FSYNC`
-    /// (durable, `--fsync FSYNC`), e.g. `native,wasm,native/always,native/interval=10`. The
+    /// In-process servers to measure, comma-separated: `default` (what `kvpages serve` runs:
+    /// the wasm plugin on a data directory with `--fsync always`), `ENGINE` (in memory) or
+    /// `ENGINE/FSYNC` (durable, `--fsync FSYNC`), e.g. `default,native,wasm,native/always`. The
     /// first is the reference (`kvpages` in the results, compared with the floor and the peer);
     /// every other is also reported as a ratio to it. Runs alternate target by target. Default:
-    /// the default engine (`wasm`) in memory. Not with --url.
+    /// `default`. Not with --url.
     #[arg(long, value_delimiter = ',')]
     pub targets: Vec<TargetSpec>,
     /// Where durable --targets keep their state: a fresh subdirectory each, emptied first and

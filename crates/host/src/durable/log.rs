@@ -26,13 +26,24 @@ pub(super) fn add_log_bytes(delta: i64) {
 }
 
 /// When a record counts as durable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FsyncMode {
-    /// After `fsync` (one for every group of records waiting): survives power loss.
+    /// After `fsync` (one for every group of records waiting): survives power loss. The default.
+    #[default]
     Always,
     /// After `write` (the OS has it: survives a crash of kvpages, not of the machine); the log
     /// is fsynced every interval, so a power loss loses at most that much.
     Interval(Duration),
+}
+
+/// The form `--fsync` takes: `always` or `interval=MS`.
+impl std::fmt::Display for FsyncMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncMode::Always => f.write_str("always"),
+            FsyncMode::Interval(every) => write!(f, "interval={}", every.as_millis()),
+        }
+    }
 }
 
 impl std::str::FromStr for FsyncMode {
@@ -120,7 +131,13 @@ impl Log {
     pub fn start(dir: &Path, mode: FsyncMode, last_seq: u64) -> Result<Log, String> {
         let (tx, rx) = tokio::sync::watch::channel(Mark { durable: last_seq, fault: None });
         let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending { buf: Vec::new(), last_seq, last_hard: last_seq, closing: false, idle: false }),
+            pending: Mutex::new(Pending {
+                buf: Vec::new(),
+                last_seq,
+                last_hard: last_seq,
+                closing: false,
+                idle: false,
+            }),
             wake: Condvar::new(),
             mark: tx,
             durable: AtomicU64::new(last_seq),
