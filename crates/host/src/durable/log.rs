@@ -70,8 +70,8 @@ struct Pending {
     last_hard: u64,
     /// Seq of the last record the flusher took.
     taken: u64,
-    /// When the oldest record still waiting arrived, if every waiting one only changes leases
-    /// (they wait for a record that changes more, or for [`LEASE_RECORDS_WAIT`]).
+    /// When the oldest record still waiting that only changes leases arrived: such records wait
+    /// for a record that changes more, or for [`LEASE_RECORDS_WAIT`].
     leases_since: Option<Instant>,
     closing: bool,
     /// The flusher waits on `wake` (an append must wake it; otherwise it comes back by itself).
