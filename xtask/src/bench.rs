@@ -328,27 +328,19 @@ fn wasm_ratio_table(load: &Value) -> String {
         other_targets(load).into_iter().find(|o| o.engine == engine && o.durability == "memory").map(|o| o.target)
     };
     let (wasm, native) = (in_memory("wasm"), in_memory("native"));
-    // Native in memory may be the reference itself (as in runs before the default
-    // configuration was the reference): its ratio to itself is 1.
-    let reference = &load["targets"][0];
-    let same = (native.is_none() && reference["engine"] == "native" && reference["durability"] == "memory")
-        .then(|| serde_json::json!({"vs_reference": 1.0, "runs_vs_reference": [], "cpu_vs_reference": 1.0}));
     let ratios: Vec<&Value> = load["ratios"].as_array().into_iter().flatten().collect();
     for w in workloads(load) {
         let _ = write!(s, "| {w} |");
         for &c in &concs {
             let at = ratios.iter().find(|r| r["workload"] == w.as_str() && r["concurrency"].as_u64() == Some(c));
-            let pair = at.and_then(|&r| {
-                let wasm = other_at(r, wasm.as_deref()?)?;
-                Some((wasm, native.as_deref().map_or_else(|| same.clone(), |t| other_at(r, t).cloned())?))
-            });
+            let pair = at.and_then(|&r| Some((other_at(r, wasm.as_deref()?)?, other_at(r, native.as_deref()?)?)));
             let cell = pair.map_or("-".into(), |(wasm, native)| {
                 // Both are measured against the same reference: their quotient is wasm ÷ native.
                 let over = |k: &str| Some(wasm[k].as_f64()? / native[k].as_f64()?);
                 let runs = |k: &str| -> Vec<f64> {
                     let side = |o: &Value| o[k].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
-                    let (a, b): (Vec<f64>, Vec<f64>) = (side(wasm), side(&native));
-                    if b.is_empty() { a } else { a.iter().zip(&b).map(|(a, b)| a / b).collect() }
+                    let (a, b): (Vec<f64>, Vec<f64>) = (side(wasm), side(native));
+                    a.iter().zip(&b).map(|(a, b)| a / b).collect()
                 };
                 let ratio = ratio_runs(&over("vs_reference").into(), &runs("runs_vs_reference").into());
                 match num(over("cpu_vs_reference"), 2).as_str() {

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpages_host::runtime::{SERVER_THREAD, default_threads};
+use kvpages_rng::Rng;
 
 mod process;
 use process::*;
@@ -69,13 +70,7 @@ fn kill_9_under_load(engine: &str) {
     init_two_ranks(p.addr, 100000);
     // Acknowledged state: key → pages (saved), and keys whose delete was acknowledged.
     let acked: Arc<Mutex<std::collections::BTreeMap<String, Acked>>> = Arc::default();
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15u64);
     let rounds = 20;
     for round in 0..rounds {
         let stop = Arc::new(AtomicBool::new(false));
@@ -102,7 +97,7 @@ fn kill_9_under_load(engine: &str) {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(50 + next() % 250));
+        std::thread::sleep(Duration::from_millis(50 + rng.below(250)));
         p.child.kill().unwrap(); // SIGKILL: no clean shutdown, no final snapshot.
         p.child.wait().unwrap();
         stop.store(true, Ordering::Relaxed);
@@ -155,13 +150,7 @@ fn kill_9_under_lookups_keeps_every_reader_protected() {
     }
     // Every key a writer began to save.
     let written: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1Du64);
     let (mut shown_total, mut saves_total) = (0, 0);
     for round in 0..6u64 {
         let stop = Arc::new(AtomicBool::new(false));
@@ -213,7 +202,7 @@ fn kill_9_under_lookups_keeps_every_reader_protected() {
                 saves
             })
         };
-        std::thread::sleep(Duration::from_millis(100 + next() % 200));
+        std::thread::sleep(Duration::from_millis(100 + rng.below(200)));
         p.child.kill().unwrap(); // SIGKILL: records not yet handed to the OS are lost.
         p.child.wait().unwrap();
         stop.store(true, Ordering::Relaxed);
