@@ -55,8 +55,11 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// Announces a step with the time since xtask started, so a log shows where a run's time goes.
 fn step(what: &str) {
-    println!("\n==> {what}");
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let since = START.get_or_init(Instant::now).elapsed().as_secs();
+    println!("\n==> [{}:{:02}] {what}", since / 60, since % 60);
 }
 
 fn cargo() -> Command {
@@ -343,18 +346,19 @@ fn test() -> Result<()> {
 }
 
 /// Keeps the benchmarks from rotting: every load workload for a moment against the debug
-/// binary, and every criterion benchmark once (`--test`). No thresholds: numbers from a debug
+/// binary, and every criterion benchmark once (criterion's test mode, which `cargo test` runs, in
+/// the test profile: no release build of the dependencies). No thresholds: numbers from a debug
 /// build on a shared machine mean nothing; that they run, answer correctly and finish does.
 fn bench_smoke(bin: &Path) -> Result<()> {
     step("bench smoke: every load workload briefly, every criterion benchmark once (no thresholds)");
     run(Command::new(bin)
         .args(["bench", "--duration", "0.1", "--warmup", "0", "--concurrency", "2", "--json"])
         .arg(bench::smoke_json()))?;
-    run(cargo().args(["bench", "-p", "kvpages-core", "--bench", "core", "--", "--test"]))?;
-    run(cargo().args(["bench", "-p", "kvpages-wire", "--bench", "wire", "--", "--test"]))?;
+    run(cargo().args(["test", "-p", "kvpages-core", "--bench", "core"]))?;
+    run(cargo().args(["test", "-p", "kvpages-wire", "--bench", "wire"]))?;
     // The plugin's bench: one command through both engines, the canonical-ABI probe, and the
     // core's pool-size groups through the plugin engine.
-    run(cargo().args(["bench", "-p", "kvpages-host", "--bench", "plugin", "--", "--test"]))
+    run(cargo().args(["test", "-p", "kvpages-host", "--bench", "plugin"]))
 }
 
 fn serve(args: &[String]) -> Result<()> {
