@@ -37,18 +37,35 @@ impl Sim {
         (answer.status, text, answer.code)
     }
 
-    /// `method path body` is answered `status` with exactly `want` (empty for a 204).
-    fn check(&mut self, method: &str, path: &str, body: &str, status: u16, want: &str) {
+    /// `method path body` is answered `status` with exactly `want` (empty for a 204), and the
+    /// invariants hold after it; `Err` says what differs.
+    fn exchange(&mut self, method: &str, path: &str, body: &str, status: u16, want: &str) -> Result<(), String> {
+        let label = format!("{method} {path} {body}");
         let (got_status, got, code) = self.send(method, path, body);
-        assert_eq!((got_status, got.as_str()), (status, want), "{method} {path} {body}");
-        assert_eq!(code.map(ErrorCode::status), (status >= 400).then_some(status), "{method} {path} {body}: code");
-        self.core.check_invariants().expect("invariants hold");
+        if (got_status, got.as_str()) != (status, want) {
+            return Err(format!("{label}\n    got {got_status} {got}\n   want {status} {want}"));
+        }
+        let want_code = (status >= 400).then_some(status);
+        if code.map(ErrorCode::status) != want_code {
+            return Err(format!("{label}: error code {code:?} for status {status}"));
+        }
+        self.core.check_invariants().map_err(|e| format!("{label}: invariants broken: {e}"))
     }
 
-    /// Like [`Sim::check`] for an error: `{"detail": detail}`.
-    fn check_detail(&mut self, method: &str, path: &str, body: &str, status: u16, detail: &str) {
+    /// Like [`Sim::exchange`] for an error: `{"detail": detail}`.
+    fn refusal(&mut self, method: &str, path: &str, body: &str, status: u16, detail: &str) -> Result<(), String> {
         let want = format!("{{\"detail\":{}}}", json_string(detail));
-        self.check(method, path, body, status, &want);
+        self.exchange(method, path, body, status, &want)
+    }
+
+    /// One exchange outside a table.
+    fn check(&mut self, method: &str, path: &str, body: &str, status: u16, want: &str) {
+        cases::check([()], |()| self.exchange(method, path, body, status, want));
+    }
+
+    /// One refusal outside a table.
+    fn check_detail(&mut self, method: &str, path: &str, body: &str, status: u16, detail: &str) {
+        cases::check([()], |()| self.refusal(method, path, body, status, detail));
     }
 }
 
@@ -121,9 +138,7 @@ fn vllm_routes_answer_the_peers_json() {
         ("POST", "/keys/batch_exists", r#"{"keys":["a"]}"#, 200, r#"{"exists":[false]}"#),
         ("POST", "/clear", "ignored", 204, ""),
     ];
-    for &(method, path, body, status, want) in table {
-        s.check(method, path, body, status, want);
-    }
+    cases::check(table, |&(method, path, body, status, want)| s.exchange(method, path, body, status, want));
     s.check_detail("POST", "/keys/get_locations", r#"{"rank":0,"keys":[]}"#, 404, "Rank 0 not initialized");
 }
 
@@ -209,9 +224,7 @@ fn vllm_refusals_and_malformed_requests() {
             "Invalid delete request: need 'keys' (keys: invalid type: string \"a\", expected a list)".into(),
         ),
     ];
-    for (path, body, status, detail) in table {
-        s.check_detail("POST", path, body, *status, detail);
-    }
+    cases::check(table, |(path, body, status, detail)| s.refusal("POST", path, body, *status, detail));
     // Nothing of the refused requests applied: "a" is still reserved on page 0, page 1 is next.
     s.check("POST", "/keys/confirm_write", r#"{"rank":0,"confirmations":[["a",0]]}"#, 204, "");
     s.check(
@@ -270,9 +283,7 @@ fn sglang_routes_answer_the_peers_json() {
             r#"{"indices":[[false,1]]}"#,
         ),
     ];
-    for &(path, body, status, want) in table {
-        s.check("POST", path, body, status, want);
-    }
+    cases::check(table, |&(path, body, status, want)| s.exchange("POST", path, body, status, want));
     // The vLLM space is its own.
     s.check_detail("POST", "/keys/batch_allocate", r#"{"rank":0,"keys":[]}"#, 404, "Rank 0 not initialized");
 }
@@ -281,9 +292,7 @@ fn sglang_routes_answer_the_peers_json() {
 fn sglang_refusals_and_malformed_requests() {
     let mut s = Sim::new();
     s.check("POST", cases::INIT.0, cases::INIT.1, 204, "");
-    for &(path, body, status, detail) in cases::REFUSALS {
-        s.check_detail("POST", path, body, status, detail);
-    }
+    cases::check(cases::REFUSALS, |&(path, body, status, detail)| s.refusal("POST", path, body, status, detail));
 }
 
 #[test]
@@ -314,12 +323,10 @@ fn routes_methods_and_fallbacks_match_the_servers_router() {
         ("GET", "", 404, "Not Found (no route GET )"),
         ("OPTIONS", "/x", 404, "Not Found (no route OPTIONS /x)"),
     ];
-    for &(method, path, status, detail) in table {
-        s.check_detail(method, path, "", status, detail);
-    }
+    cases::check(table, |&(method, path, status, detail)| s.refusal(method, path, "", status, detail));
     // The server's own routes are not the wire crate's: the simulator answers them 404 (the
     // server's answers to them are checked in crates/host/tests/wire_parity.rs).
-    for (method, path) in [
+    let own = [
         ("GET", "/health"),
         ("POST", "/health"),
         ("GET", "/metrics"),
@@ -328,9 +335,10 @@ fn routes_methods_and_fallbacks_match_the_servers_router() {
         ("GET", "/admin/export/sglang"),
         ("GET", "/simulator"),
         ("GET", "/simulator/"),
-    ] {
-        s.check_detail(method, path, "", 404, &format!("Not Found (no route {method} {path})"));
-    }
+    ];
+    cases::check(own, |(method, path)| {
+        s.refusal(method, path, "", 404, &format!("Not Found (no route {method} {path})"))
+    });
     // Two segments are SGLang's `/{rank}/{op}` here; the server's router sends them to its
     // `/simulator/{*path}` first.
     s.check_detail("GET", "/simulator/app.js", "", 405, "Method Not Allowed (/simulator/app.js accepts POST, not GET)");
@@ -340,7 +348,7 @@ fn routes_methods_and_fallbacks_match_the_servers_router() {
 #[test]
 fn paths_find_their_route_by_the_routers_rules() {
     let name = |path: &str| wire::Route::find(path).map(|r| r.name);
-    let cases: &[(&str, Option<&str>)] = &[
+    let table: &[(&str, Option<&str>)] = &[
         ("/keys/batch_allocate", Some("batch_allocate")),
         ("/rank/0/initialize", Some("initialize")),
         ("/rank//initialize", Some("initialize")),
@@ -356,9 +364,10 @@ fn paths_find_their_route_by_the_routers_rules() {
         ("/health", None),
         ("/a/b/c", None),
     ];
-    for &(path, want) in cases {
-        assert_eq!(name(path), want, "{path}");
-    }
+    cases::check(table, |&(path, want)| {
+        let got = name(path);
+        if got == want { Ok(()) } else { Err(format!("{path:?}: route {got:?}, want {want:?}")) }
+    });
     assert_eq!(wire::matches("/simulator/{*path}", "/simulator/a/b"), Some(1));
     assert_eq!(wire::matches("/simulator/{*path}", "/simulator/"), None);
     assert_eq!(wire::matches("/simulator/", "/simulator/"), Some(2));
@@ -454,10 +463,17 @@ fn each_route_builds_its_command_and_names_itself() {
             Command::Locations { space: sglang(2, "kv"), rank: 2, keys: vec![key("a")] },
         ),
     ];
-    for (method, path, body, route, command) in table {
-        let Parsed::Apply(p) = wire::parse(method, path, body.as_bytes()) else { panic!("{method} {path} {body}") };
-        assert_eq!((p.route(), p.command()), (route, &command), "{method} {path} {body}");
-    }
+    cases::check(table, |(method, path, body, route, command)| {
+        let label = format!("{method} {path} {body}");
+        let Parsed::Apply(p) = wire::parse(method, path, body.as_bytes()) else {
+            return Err(format!("{label}: answered without a command"));
+        };
+        if (p.route(), p.command()) == (route, &command) {
+            Ok(())
+        } else {
+            Err(format!("{label}\n    got {} {:?}\n   want {route} {command:?}", p.route(), p.command()))
+        }
+    });
 }
 
 #[test]

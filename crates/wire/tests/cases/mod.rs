@@ -1,7 +1,24 @@
-//! SGLang's refusals and malformed requests, each with its status and exact `detail`, sent after
-//! [`INIT`]. The wire crate's tests check each answer; the server's parity test
-//! (`crates/host/tests/wire_parity.rs`) sends the same requests to a real server and to the wire
-//! crate and requires the same bytes.
+//! The table checker every Rust test of requests uses ([`check`]), and SGLang's refusals and
+//! malformed requests, each with its status and exact `detail`, sent after [`INIT`]. The wire
+//! crate's tests check each answer; the server's parity test (`crates/host/tests/wire_parity.rs`)
+//! sends the same requests to a real server and to the wire crate and requires the same bytes.
+
+/// Checks every case of a table, in order, and fails once at the end, naming each case that
+/// failed and why: one broken rule shows everything it breaks, not just the first case. Every
+/// table of requests in the Rust tests (the wire crate's, the server's parity and bad-input tables)
+/// goes through here. `one` returns `Err(what is wrong)`, starting with the case's label.
+pub fn check<C>(cases: impl IntoIterator<Item = C>, mut one: impl FnMut(C) -> Result<(), String>) {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for (i, case) in cases.into_iter().enumerate() {
+        total += 1;
+        if let Err(why) = one(case) {
+            failures.push(format!("#{i} {why}"));
+        }
+    }
+    assert!(total > 0, "an empty table checks nothing");
+    assert!(failures.is_empty(), "{} of {total} cases failed:\n{}", failures.len(), failures.join("\n"));
+}
 
 /// The request before the table: rank 0's `kv` pool with 4 pages.
 pub const INIT: (&str, &str) = ("/0/initialize", r#"{"num_pages":4}"#);
