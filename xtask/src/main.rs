@@ -282,8 +282,10 @@ fn test() -> Result<()> {
     nostd_build()?;
 
     step("Rust: build and test the workspace");
-    run(cargo().args(["build", "-p", "kvpages", "--bin", "kvpages"]))?;
-    run(cargo().args(["build", "-p", "kvpages-wasm", "--bin", "kvpages-sim"]))?;
+    // Every host build of this run selects the whole workspace with its tests (`--workspace`,
+    // test targets), so cargo resolves one feature set and builds the dependencies once; a
+    // `-p` build would resolve another set and build most of them again.
+    run(cargo().args(["build", "--workspace", "--all-targets"]))?;
     let lines = run_capture(cargo().args(["test", "--workspace", "--no-fail-fast"]))?;
     let (rust_passed, rust_failed) = count_cargo(&lines)?;
     // The core alone, without the features the host turns on (what `cargo test -p kvpages-core`
@@ -354,11 +356,10 @@ fn bench_smoke(bin: &Path) -> Result<()> {
     run(Command::new(bin)
         .args(["bench", "--duration", "0.1", "--warmup", "0", "--concurrency", "2", "--json"])
         .arg(bench::smoke_json()))?;
-    run(cargo().args(["test", "-p", "kvpages-core", "--bench", "core"]))?;
-    run(cargo().args(["test", "-p", "kvpages-wire", "--bench", "wire"]))?;
-    // The plugin's bench: one command through both engines, the canonical-ABI probe, and the
-    // core's pool-size groups through the plugin engine.
-    run(cargo().args(["test", "-p", "kvpages-host", "--bench", "plugin"]))
+    // The core's, the wire crate's and the plugin's benches (the last: one command through both
+    // engines, the canonical-ABI probe, and the core's pool-size groups through the plugin
+    // engine); `--workspace` for the feature set the test step built.
+    run(cargo().args(["test", "--workspace", "--bench", "core", "--bench", "wire", "--bench", "plugin"]))
 }
 
 fn serve(args: &[String]) -> Result<()> {

@@ -235,10 +235,10 @@ pub(crate) fn test_other_route(used: Route) -> Result<std::result::Result<(u64, 
         )));
     };
     step(&format!("plugin tests against the {} route's components", used.other().name()));
+    // `--workspace`: the feature set the test step built (only the host has a `plugin` test).
     let lines = crate::run_capture(cargo().env("KVPAGES_TEST_PLUGIN_DIR", &dir).args([
         "test",
-        "-p",
-        "kvpages-host",
+        "--workspace",
         "--test",
         "plugin",
     ]))?;
