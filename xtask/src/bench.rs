@@ -116,7 +116,10 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
 
     step("memory: kvpages bench --memory (a process of its own)");
     let memory_json = out.join("memory.json");
-    run(Command::new(&bin).args(["bench", "--memory", "--json"]).arg(&memory_json))?;
+    // 10^7 keys on 2 ranks, both engines: the scale a large deployment stores.
+    run(Command::new(&bin)
+        .args(["bench", "--memory", "--keys", "10000000", "--ranks", "2", "--json"])
+        .arg(&memory_json))?;
 
     step("core: criterion benchmarks, on the core and through the plugin");
     // The core's bench, then the same pool-size groups through the plugin engine (the host's
@@ -485,11 +488,7 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
         m["nproc"],
         m["cpu"].as_str().unwrap_or("?"),
         m["mem_total_kib"].as_f64().unwrap_or(0.0) / 1048576.0,
-        load["command"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
-            .replace(&format!("{}/", root().display()), "")
+        command_of(load)
     );
     let _ = writeln!(s, "Pool: {}.\n", load["pool"].as_str().unwrap_or(""));
     let peer = peer_name(load);
@@ -539,23 +538,63 @@ fn results_md(load: &Value, memory: &Value, core: &Value) -> String {
     s
 }
 
-/// The memory section: RSS per stored key, and a huge rank's initialization.
+/// A report's command line, paths relative to the repository.
+fn command_of(report: &Value) -> String {
+    report["command"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+        .replace(&format!("{}/", root().display()), "")
+}
+
+/// The memory section: RSS per stored key by engine, the peak while a snapshot is taken, and a
+/// huge rank's initialization.
 fn memory_md(s: &mut String, memory: &Value) {
     use std::fmt::Write;
     let _ = writeln!(s, "\n## Memory (`kvpages bench --memory`)\n");
     let _ = writeln!(
         s,
-        "- {} keys ({}) stored in {:.2} s: VmRSS {} KiB → {} KiB, **{:.1} B per key**.",
+        "{} keys ({}) stored on {} rank(s) of {} pages each, by batches of 4,096 (allocate + confirm), each engine in a process of its own. Command: `{}`.\n",
         memory["keys"],
         memory["key_form"].as_str().unwrap_or(""),
-        memory["store_seconds"].as_f64().unwrap_or(f64::NAN),
-        memory["rss_before_kib"],
-        memory["rss_after_kib"],
-        memory["rss_per_key_bytes"].as_f64().unwrap_or(f64::NAN)
+        memory["ranks"],
+        memory["pool_pages"],
+        command_of(memory)
     );
     let _ = writeln!(
         s,
-        "- Initializing a {}-page rank: {:.1} µs, VmRSS {:+} KiB; the first allocate+confirm of 32 keys on it: {:.1} µs.",
+        "| engine | B per key (VmRSS growth) | VmRSS before → after | stored in | plugin linear memory | snapshot | peak VmRSS while taking it |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let mib = |kib: &Value| kib.as_u64().unwrap_or(0) as f64 / 1024.0;
+    for e in memory["engines"].as_array().into_iter().flatten() {
+        let mut linear =
+            e["linear_memory_bytes"].as_u64().map_or("-".to_owned(), |b| format!("{:.0} MiB", b as f64 / 1048576.0));
+        if let Some(traps) = e["traps"].as_u64().filter(|&t| t > 0) {
+            linear.push_str(&format!(" ({traps} traps)"));
+        }
+        let over = e["snapshot_peak_rss_kib"].as_i64().unwrap_or(0) - e["rss_after_kib"].as_i64().unwrap_or(0);
+        let snapshot = match e["snapshot_bytes"].as_u64() {
+            Some(bytes) => {
+                format!("{:.0} MB in {:.2} s", bytes as f64 / 1e6, e["snapshot_seconds"].as_f64().unwrap_or(f64::NAN))
+            }
+            None => format!("**failed**: {}", e["snapshot_error"].as_str().unwrap_or("?")),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | **{:.1}** | {:.0} → {:.0} MiB | {:.1} s | {linear} | {snapshot} | {:.0} MiB ({:+.0} MiB over the state) |",
+            e["engine"].as_str().unwrap_or("?"),
+            e["rss_per_key_bytes"].as_f64().unwrap_or(f64::NAN),
+            mib(&e["rss_before_kib"]),
+            mib(&e["rss_after_kib"]),
+            e["store_seconds"].as_f64().unwrap_or(f64::NAN),
+            mib(&e["snapshot_peak_rss_kib"]),
+            over as f64 / 1024.0,
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nInitializing a {}-page rank (native): {:.1} µs, VmRSS {:+} KiB; the first allocate+confirm of 32 keys on it: {:.1} µs.",
         memory["huge_rank_pages"],
         memory["huge_rank_init_us"].as_f64().unwrap_or(f64::NAN),
         memory["huge_rank_rss_kib"].as_i64().unwrap_or(0),

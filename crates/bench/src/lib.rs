@@ -104,11 +104,17 @@ pub struct Options {
     pub requests: Option<u64>,
     /// Write the results as JSON to this file.
     pub json: Option<PathBuf>,
-    /// Measure memory instead of load: RSS per stored key at --memory-keys 32-hex keys on one
-    /// rank, and the time and RSS of initializing a 10^8-page rank.
+    /// Measure memory instead of load: the RSS growth per stored key when `keys` 32-hex keys
+    /// are stored on each of `ranks` ranks, per engine of `engines` (each in a process of its
+    /// own), the peak RSS while a snapshot of that state is taken, and the time and RSS of
+    /// initializing a 10^8-page rank.
     pub memory: bool,
-    /// Keys stored by --memory.
-    pub memory_keys: u32,
+    /// Keys stored by --memory (on every rank).
+    pub keys: u32,
+    /// Ranks every key is stored on by --memory.
+    pub ranks: u32,
+    /// Engines --memory measures.
+    pub engines: Vec<EngineKind>,
     /// Worker threads of the in-process server, and as many for the generator (default: half
     /// the CPUs each, at least 1: the two sides split the machine instead of both competing
     /// for every core; `kvpages serve`'s default too).
@@ -300,7 +306,7 @@ struct OtherRatio {
     cpu_vs_reference: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub(crate) struct Machine {
     nproc: usize,
     cpu: String,

@@ -314,13 +314,21 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Measure memory instead of load: RSS per stored key at --memory-keys 32-hex keys on one
-    /// rank, and the time and RSS of initializing a 10^8-page rank.
+    /// Measure memory instead of load: the RSS growth per stored key when --keys 32-hex keys
+    /// are stored on each of --ranks ranks, per engine of --engines (each in a process of its
+    /// own), the peak RSS while a snapshot of that state is taken, and the time and RSS of
+    /// initializing a 10^8-page rank.
     #[arg(long)]
     pub memory: bool,
-    /// Keys stored by --memory.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub memory_keys: u32,
+    /// Keys stored by --memory (on every rank).
+    #[arg(long, alias = "memory-keys", default_value_t = 1_000_000)]
+    pub keys: u32,
+    /// Ranks every key is stored on by --memory.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub ranks: u32,
+    /// Engines --memory measures, comma-separated, each in a process of its own.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "native,wasm")]
+    pub engines: Vec<EngineArg>,
     /// Worker threads of the in-process server, and as many for the generator (default: half
     /// the CPUs each, at least 1: the two sides split the machine instead of both competing
     /// for every core; `kvpages serve`'s default too).
@@ -372,7 +380,9 @@ impl From<BenchArgs> for Options {
             requests: a.requests,
             json: a.json,
             memory: a.memory,
-            memory_keys: a.memory_keys,
+            keys: a.keys,
+            ranks: a.ranks,
+            engines: a.engines.into_iter().map(EngineKind::from).collect(),
             threads: a.threads,
             log: a.log,
             targets: a.targets,

@@ -68,8 +68,10 @@ fn mix(a: u64, b: u64) -> u64 {
     folded_multiply(folded_multiply(a, b), 0x9e37_79b9_7f4a_7c15)
 }
 
-/// A key's committed page on each rank, sorted by rank; one rank is stored inline, more in a
-/// boxed vector so the enum stays at 16 bytes.
+/// A key's committed page on each rank, sorted by rank. One rank, or two ranks below 2^16 (a
+/// TP world of two), are stored inline; more in a boxed vector, so the enum stays at 16 bytes
+/// and the common worlds allocate nothing (a boxed vector of two costs ~64 heap bytes a key).
+/// The variant follows from the set of pages alone, so equal sets compare equal.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[allow(clippy::box_collection)] // the box is the point: 8 bytes inline instead of 24
 pub(crate) enum RankPages {
@@ -79,6 +81,11 @@ pub(crate) enum RankPages {
         rank: u32,
         page: u32,
     },
+    /// `ranks[0] < ranks[1]`.
+    Two {
+        ranks: [u16; 2],
+        pages: [u32; 2],
+    },
     Many(alloc::boxed::Box<Vec<(u32, u32)>>),
 }
 
@@ -87,6 +94,7 @@ impl RankPages {
         match self {
             RankPages::None => None,
             RankPages::One { rank: r, page } => (*r == rank).then_some(*page),
+            RankPages::Two { ranks, pages } => ranks.iter().position(|&r| u32::from(r) == rank).map(|i| pages[i]),
             RankPages::Many(v) => v.binary_search_by_key(&rank, |e| e.0).ok().map(|i| v[i].1),
         }
     }
@@ -95,18 +103,30 @@ impl RankPages {
         match self {
             RankPages::None => 0,
             RankPages::One { .. } => 1,
+            RankPages::Two { .. } => 2,
             RankPages::Many(v) => v.len(),
         }
     }
 
     /// Records `page` for `rank`, which must not have one yet.
     pub(crate) fn insert(&mut self, rank: u32, page: u32) {
+        debug_assert!(self.get(rank).is_none());
         match self {
             RankPages::None => *self = RankPages::One { rank, page },
             RankPages::One { rank: r, page: p } => {
-                debug_assert!(*r != rank);
-                let mut v = alloc::vec![(*r, *p), (rank, page)];
-                v.sort_unstable();
+                let (mut a, mut b) = ((*r, *p), (rank, page));
+                if b.0 < a.0 {
+                    core::mem::swap(&mut a, &mut b);
+                }
+                *self = match (u16::try_from(a.0), u16::try_from(b.0)) {
+                    (Ok(ra), Ok(rb)) => RankPages::Two { ranks: [ra, rb], pages: [a.1, b.1] },
+                    _ => RankPages::Many(alloc::boxed::Box::new(alloc::vec![a, b])),
+                };
+            }
+            RankPages::Two { .. } => {
+                let mut v: Vec<(u32, u32)> = self.iter().collect();
+                let i = v.binary_search_by_key(&rank, |e| e.0).unwrap_err();
+                v.insert(i, (rank, page));
                 *self = RankPages::Many(alloc::boxed::Box::new(v));
             }
             RankPages::Many(v) => {
@@ -118,12 +138,15 @@ impl RankPages {
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u32)> + Clone + '_ {
         type RankPage = (u32, u32);
-        let (one, many): (Option<RankPage>, &[RankPage]) = match self {
-            RankPages::None => (None, &[]),
-            RankPages::One { rank, page } => (Some((*rank, *page)), &[]),
-            RankPages::Many(v) => (None, v.as_slice()),
+        let (inline, many): ([Option<RankPage>; 2], &[RankPage]) = match self {
+            RankPages::None => ([None, None], &[]),
+            RankPages::One { rank, page } => ([Some((*rank, *page)), None], &[]),
+            RankPages::Two { ranks, pages } => {
+                ([Some((u32::from(ranks[0]), pages[0])), Some((u32::from(ranks[1]), pages[1]))], &[])
+            }
+            RankPages::Many(v) => ([None, None], v.as_slice()),
         };
-        one.into_iter().chain(many.iter().copied())
+        inline.into_iter().flatten().chain(many.iter().copied())
     }
 }
 
@@ -1121,11 +1144,46 @@ mod tests {
         p.insert(3, 30);
         assert_eq!(p.get(3), Some(30));
         p.insert(1, 10);
+        assert_eq!(p, RankPages::Two { ranks: [1, 3], pages: [10, 30] });
+        assert_eq!((p.get(1), p.get(3), p.get(2)), (Some(10), Some(30), None));
         p.insert(2, 20);
         assert_eq!(p.iter().collect::<Vec<_>>(), alloc::vec![(1, 10), (2, 20), (3, 30)]);
         assert_eq!(p.get(2), Some(20));
         assert_eq!(p.get(4), None);
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn rank_pages_take_the_same_form_in_any_order() {
+        // Every order of inserting a set gives one value (equal sets compare equal), the pages
+        // sorted by rank; two ranks go inline only when both fit in 16 bits.
+        let sets: [&[(u32, u32)]; 4] =
+            [&[(0, 5), (1, 6)], &[(70_000, 1), (2, 2)], &[(9, 1), (4, 2), (65_535, 3)], &[(u32::MAX - 1, 7)]];
+        for set in sets {
+            let mut want: Vec<(u32, u32)> = set.to_vec();
+            want.sort_unstable();
+            let mut forms = Vec::new();
+            let mut order: Vec<(u32, u32)> = set.to_vec();
+            for _ in 0..set.len() {
+                order.rotate_left(1);
+                for reversed in [false, true] {
+                    let mut p = RankPages::None;
+                    let seq: Vec<_> = if reversed { order.iter().rev().copied().collect() } else { order.clone() };
+                    for (rank, page) in seq {
+                        p.insert(rank, page);
+                    }
+                    assert_eq!(p.iter().collect::<Vec<_>>(), want, "{set:?}");
+                    assert_eq!(p.len(), set.len());
+                    for &(rank, page) in set {
+                        assert_eq!(p.get(rank), Some(page));
+                    }
+                    forms.push(p);
+                }
+            }
+            assert!(forms.windows(2).all(|w| w[0] == w[1]), "{forms:?}");
+            let inline = matches!(forms[0], RankPages::Two { .. });
+            assert_eq!(inline, set.len() == 2 && set.iter().all(|&(r, _)| r <= 0xffff), "{set:?}");
+        }
     }
 
     #[test]
