@@ -161,6 +161,7 @@ fn report(out: &Path, docs: &Path) -> Result<()> {
     splice(&summary, "engines", &engines_table(&load))?;
     splice(&summary, "core", &core_table(&core))?;
     splice(&summary, "wasm-ratios", &wasm_ratio_table(&load))?;
+    splice(&summary, "memory", &memory_table(&memory))?;
     println!("  updated the tables of {}", summary.display());
     Ok(())
 }
@@ -547,11 +548,19 @@ fn command_of(report: &Value) -> String {
         .replace(&format!("{}/", root().display()), "")
 }
 
-/// The memory section: RSS per stored key by engine, the peak while a snapshot is taken, and a
-/// huge rank's initialization.
+/// The memory section of results.md: the table of [`memory_table`].
 fn memory_md(s: &mut String, memory: &Value) {
     use std::fmt::Write;
     let _ = writeln!(s, "\n## Memory (`kvpages bench --memory`)\n");
+    s.push_str(&memory_table(memory));
+}
+
+/// RSS per stored key by engine, the peak while a snapshot is taken, and a huge rank's
+/// initialization (in results.md and docs/BENCHMARKS.md).
+fn memory_table(memory: &Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let s = &mut out;
     let _ = writeln!(
         s,
         "{} keys ({}) stored on {} rank(s) of {} pages each, by batches of 4,096 (allocate + confirm), each engine in a process of its own. Command: `{}`.\n",
@@ -600,6 +609,7 @@ fn memory_md(s: &mut String, memory: &Value) {
         memory["huge_rank_rss_kib"].as_i64().unwrap_or(0),
         memory["huge_rank_first_allocate_confirm_us"].as_f64().unwrap_or(f64::NAN)
     );
+    out
 }
 
 /// The core's criterion figures by pool size, natively and through the plugin.
@@ -1032,6 +1042,14 @@ mod tests {
         assert_eq!(wasm.matches(", cpu ").count(), points, "every point has a CPU ratio: {wasm}");
         let core_rows = core_table(&core);
         assert_eq!(core_rows.lines().count(), 2 + 6);
+        let memory = read_json(&docs.join("memory.json")).unwrap();
+        let engines: Vec<_> = memory_table(&memory)
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| engine"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(engines.len(), 2, "both engines measured: {engines:?}");
+        assert!(engines.iter().all(|l| !l.contains("NaN") && l.matches('|').count() == 8), "{engines:?}");
         assert!(!core_rows.contains(" - |"), "every pool size has every group: {core_rows}");
     }
 
@@ -1043,6 +1061,7 @@ mod tests {
         let docs = root().join("docs/bench");
         let load = read_json(&docs.join("load.json")).unwrap();
         let core = read_json(&docs.join("core.json")).unwrap();
+        let memory = read_json(&docs.join("memory.json")).unwrap();
         let dir = std::env::temp_dir().join(format!("kvpages-docs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let tables = [
@@ -1050,6 +1069,7 @@ mod tests {
             ("docs/BENCHMARKS.md", "engines", engines_table(&load)),
             ("docs/BENCHMARKS.md", "core", core_table(&core)),
             ("docs/BENCHMARKS.md", "wasm-ratios", wasm_ratio_table(&load)),
+            ("docs/BENCHMARKS.md", "memory", memory_table(&memory)),
         ];
         for (file, name, table) in tables {
             let committed = std::fs::read_to_string(root().join(file)).unwrap();
