@@ -9,6 +9,8 @@
 //! - `cargo xtask simulator`: builds the browser simulator's wasm module the server embeds and
 //!   serves at `/simulator/` (see `simulator.rs`).
 //! - `cargo xtask bench [--quick | --report-only]`: the performance report in `docs/bench/` (see `bench.rs`).
+//! - `cargo xtask wheel [--profile NAME]`: the Python wheel carrying the binary (see `wheel.rs`).
+//! - `cargo xtask image [--tag NAME]`: the container image (see `image.rs`).
 //!
 //! Every step prints what it runs. Set `KVPAGES_NOSTD_ROUTE=debian` to force the fallback
 //! route for the no_std build (Debian's rustc-web with `-Zbuild-std`), as a fresh machine
@@ -20,10 +22,12 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 mod bench;
+mod image;
 #[cfg(test)]
 mod layers;
 mod plugin;
 mod simulator;
+mod wheel;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -35,9 +39,11 @@ fn main() -> ExitCode {
         Some("bench") => bench::bench(&args[1..]),
         Some("plugin") => plugin::build().map(|_| ()),
         Some("simulator") => plugin::choose_route().and_then(simulator::build),
+        Some("wheel") => wheel::wheel(&args[1..]),
+        Some("image") => image::image(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin | cargo xtask simulator"
+                "usage: cargo xtask test | cargo xtask serve [kvpages serve flags] | cargo xtask bench [--quick | --report-only] | cargo xtask plugin | cargo xtask simulator | cargo xtask wheel [--profile release|dev] | cargo xtask image [--tag NAME]"
             );
             return ExitCode::from(2);
         }
@@ -319,6 +325,10 @@ fn test() -> Result<()> {
     let (rust_passed, rust_failed) = (rust_passed + other_passed + wbt_passed, rust_failed + other_failed + wbt_failed);
     let (js_passed, js_failed) = (js_passed + web_passed, js_failed + web_failed);
     bench_smoke(&bin)?;
+    // Last: maturin's build of the binary (its own rustc flags) replaces target/debug/kvpages.
+    let (wheel_passed, wheel_failed) = wheel::test()?;
+    let (image_passed, image_failed) = image::test(&bin)?;
+    let (py_passed, py_failed) = (py_passed + wheel_passed + image_passed, py_failed + wheel_failed + image_failed);
 
     let (passed, failed) = (rust_passed + py_passed + js_passed, rust_failed + py_failed + js_failed);
     println!(
