@@ -214,10 +214,11 @@ fn number_before(s: &str, word: &str) -> u64 {
 
 fn ensure_python() -> Result<()> {
     step(
-        "Python test dependencies (pytest, requests; fastapi, uvicorn, orjson to run vLLM's own server beside kvpages)",
+        "Python test dependencies (pytest, requests; fastapi, uvicorn, orjson to run vLLM's own server beside kvpages; kubernetes-validate for the manifests)",
     );
-    let ok =
-        Command::new("python3").args(["-c", "import pytest, requests, urllib3, fastapi, uvicorn, orjson"]).status();
+    let ok = Command::new("python3")
+        .args(["-c", "import pytest, requests, urllib3, fastapi, uvicorn, orjson, yaml, kubernetes_validate"])
+        .status();
     if ok.is_ok_and(|s| s.success()) {
         println!("  already installed");
         return Ok(());
@@ -227,7 +228,20 @@ fn ensure_python() -> Result<()> {
     }
     let pip = |extra: &[&str]| {
         let mut c = Command::new("python3");
-        c.args(["-m", "pip", "install", "--quiet", "pytest", "requests", "fastapi", "uvicorn", "orjson"]).args(extra);
+        c.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "pytest",
+            "requests",
+            "fastapi",
+            "uvicorn",
+            "orjson",
+            "pyyaml",
+            "kubernetes-validate",
+        ])
+        .args(extra);
         run(&mut c)
     };
     pip(&[]).or_else(|_| pip(&["--break-system-packages"]))
@@ -328,7 +342,11 @@ fn test() -> Result<()> {
     // Last: maturin's build of the binary (its own rustc flags) replaces target/debug/kvpages.
     let (wheel_passed, wheel_failed) = wheel::test()?;
     let (image_passed, image_failed) = image::test(&bin)?;
-    let (py_passed, py_failed) = (py_passed + wheel_passed + image_passed, py_failed + wheel_failed + image_failed);
+    let (deploy_passed, deploy_failed) = deploy_checks(&bin)?;
+    let (py_passed, py_failed) = (
+        py_passed + wheel_passed + image_passed + deploy_passed,
+        py_failed + wheel_failed + image_failed + deploy_failed,
+    );
 
     let (passed, failed) = (rust_passed + py_passed + js_passed, rust_failed + py_failed + js_failed);
     println!(
@@ -355,6 +373,26 @@ fn test() -> Result<()> {
         println!("KVPAGES_ALLOW_SKIP=1: accepting {} suite(s) not run", skipped.len());
     }
     Ok(())
+}
+
+/// The Kubernetes manifests (kubernetes-validate), the alert rules (promtool, from Debian's
+/// prometheus package) and the Grafana dashboard, against the metrics `bin` exports.
+fn deploy_checks(bin: &Path) -> Result<(u64, u64)> {
+    step(
+        "deploy/: Kubernetes manifests (kubernetes-validate), alert rules (promtool), dashboard (metrics a server exports)",
+    );
+    if !have("promtool", "--version") {
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends", "prometheus"]))?;
+    }
+    let lines = run_capture(Command::new("python3").current_dir(root()).env("KVPAGES_BIN", bin).args([
+        "-m",
+        "pytest",
+        "tests/deploy/test_kubernetes.py",
+        "tests/deploy/test_monitoring.py",
+        "-q",
+    ]))?;
+    ran_some("deploy/", count_pytest(&lines)?)
 }
 
 /// Keeps the benchmarks from rotting: every load workload for a moment against the debug
