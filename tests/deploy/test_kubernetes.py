@@ -92,3 +92,21 @@ def test_the_memory_it_asks_for_holds_the_measured_ten_million_keys_and_a_snapsh
     assert limit >= 1.2 * wasm["snapshot_peak_rss_kib"] * 1024, "the limit leaves under 20 % over a snapshot's peak"
     comment = (REPO / "deploy/kubernetes/kvpages.yaml").read_text()
     assert f"{round(wasm['rss_per_key_bytes'])} bytes a key" in comment
+
+
+def test_the_vllm_example_forwards_localhost_18000_to_the_service_and_may_pass_the_policy():
+    all_docs = docs()
+    vllm = all_docs[("Deployment", "vllm")]["spec"]["template"]
+    sidecar = next(c for c in vllm["spec"]["initContainers"] if c["name"] == "kvpages-forward")
+    assert sidecar["restartPolicy"] == "Always", "a sidecar: it runs beside vLLM for the pod's life"
+    svc = all_docs[("Service", "kvpages")]
+    assert sidecar["args"] == ["forward", "--to", f"http://{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"]
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    # vLLM's connector dials localhost:18000, whatever its configuration says.
+    assert env == {"KVPAGES_FORWARD_LISTEN": "127.0.0.1:18000"}
+    binary = os.environ.get("KVPAGES_BIN", str(REPO / "target/debug/kvpages"))
+    help_text = subprocess.run([binary, "forward", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "[env: KVPAGES_FORWARD_LISTEN=" in help_text
+    policy = all_docs[("NetworkPolicy", "kvpages")]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert policy.items() <= vllm["metadata"]["labels"].items()
+    assert sidecar["image"] == all_docs[("StatefulSet", "kvpages")]["spec"]["template"]["spec"]["containers"][0]["image"]
