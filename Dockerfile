@@ -21,6 +21,8 @@
 # apart there; use --network host when --allow must see the real addresses.
 
 ARG KVPAGES_BINARY=source
+# The runtime's base (the tests give a locally made Debian 12 when no registry is reachable).
+ARG KVPAGES_BASE=debian:bookworm-slim
 
 # ---- the binary, built from source ------------------------------------------------------------
 # rust-version of kvpages-host (wasmtime 48 needs 1.95).
@@ -43,7 +45,7 @@ COPY ${KVPAGES_BINARY_PATH} /out/kvpages
 FROM binary-${KVPAGES_BINARY} AS binary
 
 # ---- run ------------------------------------------------------------------------------------
-FROM debian:bookworm-slim
+FROM ${KVPAGES_BASE}
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/kvpages --create-home \
         --shell /usr/sbin/nologin kvpages
 COPY --from=binary --chmod=0755 /out/kvpages /usr/local/bin/kvpages

@@ -170,6 +170,8 @@ def test_the_container_serves_keeps_its_state_in_the_volume_and_passes_its_healt
         assert files, "nothing written to the volume"
         assert {f.stat().st_uid for f in files} == {UID}
         # A new container on the same volume has the key, on the same page.
+        box.remove()
+        box = Container(volume)
         url = box.start(config, _free_port())
         assert requests.post(f"{url}/keys/batch_exists", json={"keys": [key]}).json() == {"exists": [True]}
         assert requests.post(f"{url}/keys/get_locations", json={"rank": 0, "keys": [key]}).json() == {

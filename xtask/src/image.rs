@@ -5,8 +5,9 @@
 //! embedded) is built here first and copied in. `cargo xtask image` hands the build to Docker when
 //! its daemon answers, else to podman or buildah. The test uses buildah, which needs no daemon:
 //! Debian's package, with the `vfs` storage driver and chroot isolation, as root. When no
-//! `debian:bookworm-slim` image is in buildah's store and no registry gives one (CI reaches only
-//! Debian's mirrors), it makes one with debootstrap (`--variant=minbase`, the same release).
+//! registry gives `debian:bookworm-slim` (CI reaches only Debian's mirrors), it makes a base of the
+//! same release with debootstrap (`--variant=minbase`) under a local name of its own, and builds
+//! on it (`--build-arg KVPAGES_BASE=...`).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,8 +15,11 @@ use std::process::{Command, Stdio};
 use crate::{Result, count_pytest, ran_some, root, run, run_capture, step};
 
 const BASE: &str = "docker.io/library/debian:bookworm-slim";
+/// The debootstrapped stand-in for [`BASE`], never under the official name.
+const LOCAL_BASE: &str = "localhost/kvpages-test-base:bookworm";
 const TEST_IMAGE: &str = "localhost/kvpages:test";
 
+/// buildah for the test, on a store of its own driver (`vfs`: no overlay mounts needed).
 fn buildah() -> Command {
     let mut c = Command::new("buildah");
     c.args(["--storage-driver", "vfs"]);
@@ -44,7 +48,7 @@ pub fn image(args: &[String]) -> Result<()> {
     } else if quiet(Command::new("podman").arg("--version")) {
         run(Command::new("podman").current_dir(root()).arg("build").args(args))
     } else if quiet(Command::new("buildah").arg("--version")) {
-        run(buildah().current_dir(root()).args(["bud", "--format", "docker"]).args(args))
+        run(Command::new("buildah").current_dir(root()).args(["bud", "--format", "docker"]).args(args))
     } else {
         Err("no container builder: start a Docker daemon, or install podman or buildah".into())
     }
@@ -54,9 +58,8 @@ pub fn image(args: &[String]) -> Result<()> {
 pub fn test(bin: &Path) -> Result<(u64, u64)> {
     step("container image: buildah bud of the Dockerfile (prebuilt binary), then run it");
     ensure_tools()?;
-    ensure_base()?;
+    let base = ensure_base()?;
     let rel = bin.strip_prefix(root()).map_err(|_| format!("{} is outside the repository", bin.display()))?;
-    let _ = quiet(buildah().args(["rm", "--all"]));
     run(buildah()
         .current_dir(root())
         .args(["bud", "--isolation", "chroot", "--pull=never", "--format", "docker"])
@@ -65,6 +68,8 @@ pub fn test(bin: &Path) -> Result<(u64, u64)> {
             "KVPAGES_BINARY=prebuilt",
             "--build-arg",
             &format!("KVPAGES_BINARY_PATH={}", rel.display()),
+            "--build-arg",
+            &format!("KVPAGES_BASE={base}"),
             "-t",
             TEST_IMAGE,
             ".",
@@ -75,7 +80,9 @@ pub fn test(bin: &Path) -> Result<(u64, u64)> {
         "tests/deploy/test_image.py",
         "-q",
     ]))?;
-    let _ = quiet(buildah().args(["rm", "--all"]));
+    // The tests remove their own containers; the image goes too (a vfs image is a full copy).
+    let _ = quiet(buildah().args(["rmi", TEST_IMAGE]));
+    let _ = quiet(buildah().args(["rmi", "--prune"]));
     ran_some("the container image", count_pytest(&lines)?)
 }
 
@@ -84,22 +91,25 @@ fn ensure_tools() -> Result<()> {
         return Ok(());
     }
     run(Command::new("apt-get").arg("update"))?;
-    run(Command::new("apt-get").args(["install", "-y", "buildah", "debootstrap"]))
+    run(Command::new("apt-get").args(["install", "-y", "--no-install-recommends", "buildah", "debootstrap"]))
 }
 
-/// `debian:bookworm-slim` in buildah's store: there already, pulled, or made with debootstrap.
-fn ensure_base() -> Result<()> {
-    if quiet(buildah().args(["inspect", "--type", "image", BASE])) {
-        println!("  {BASE}: in buildah's store");
-        return Ok(());
+/// The base to build on: `debian:bookworm-slim` if buildah's store has it or a registry gives
+/// it, else [`LOCAL_BASE`] (kept in the store; made with debootstrap when missing).
+fn ensure_base() -> Result<&'static str> {
+    for name in [BASE, LOCAL_BASE] {
+        if quiet(buildah().args(["inspect", "--type", "image", name])) {
+            println!("  {name}: in buildah's store");
+            return Ok(name);
+        }
     }
     if crate::run_with_timeout(
         buildah().args(["pull", "--quiet", BASE]).stdout(Stdio::null()),
         std::time::Duration::from_secs(60),
     ) {
-        return Ok(());
+        return Ok(BASE);
     }
-    println!("  {BASE} cannot be pulled here: making it with debootstrap (Debian 12, minbase)");
+    println!("  {BASE} cannot be pulled here: making {LOCAL_BASE} with debootstrap (Debian 12, minbase)");
     let rootfs = root().join("target/image-rootfs");
     let _ = std::fs::remove_dir_all(&rootfs);
     run(Command::new("debootstrap")
@@ -123,8 +133,8 @@ fn ensure_base() -> Result<()> {
                 &container,
             ]))
         })
-        .and_then(|_| run(buildah().args(["commit", "--quiet", &container, BASE]).stdout(Stdio::null())));
+        .and_then(|_| run(buildah().args(["commit", "--quiet", &container, LOCAL_BASE]).stdout(Stdio::null())));
     let _ = quiet(buildah().args(["rm", &container]));
     let _ = std::fs::remove_dir_all(&rootfs);
-    made
+    made.map(|()| LOCAL_BASE)
 }

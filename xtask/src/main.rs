@@ -339,7 +339,8 @@ fn test() -> Result<()> {
     let (rust_passed, rust_failed) = (rust_passed + other_passed + wbt_passed, rust_failed + other_failed + wbt_failed);
     let (js_passed, js_failed) = (js_passed + web_passed, js_failed + web_failed);
     bench_smoke(&bin)?;
-    // Last: maturin's build of the binary (its own rustc flags) replaces target/debug/kvpages.
+    // After every test of the workspace's own build: maturin's build of the binary (its own rustc
+    // flags) replaces target/debug/kvpages, which the image and the deploy/ checks then use.
     let (wheel_passed, wheel_failed) = wheel::test()?;
     let (image_passed, image_failed) = image::test(&bin)?;
     let (deploy_passed, deploy_failed) = deploy_checks(&bin)?;

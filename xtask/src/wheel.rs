@@ -72,7 +72,12 @@ pub fn test() -> Result<(u64, u64)> {
     step("Python wheel: pip install into a fresh venv; vLLM's client against the venv's kvpages");
     let venv = root().join("target/wheel-venv");
     let _ = std::fs::remove_dir_all(&venv);
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    if run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).is_err() {
+        // Debian's python3 keeps venv's ensurepip in a package of its own.
+        run(Command::new("apt-get").args(["install", "-y", "python3-venv"]))?;
+        let _ = std::fs::remove_dir_all(&venv);
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
     let pip = venv.join("bin/pip");
     // --no-index: the wheel must need nothing from the network.
     run(Command::new(&pip).args(["install", "--quiet", "--no-index"]).arg(&wheel))?;
