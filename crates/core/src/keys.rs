@@ -8,6 +8,7 @@
 use alloc::vec::Vec;
 use core::hash::BuildHasher;
 
+use crate::chunked::Chunked;
 use crate::key::Key;
 use crate::slot_index::{PREFETCHES, SlotIndex};
 
@@ -180,7 +181,7 @@ fn tag(hash: u64) -> u32 {
 }
 
 /// Whether `slot` holds `key`.
-fn holds(slots: &[Option<Entry>], slot: u32, key: &Key) -> bool {
+fn holds(slots: &Chunked<Option<Entry>>, slot: u32, key: &Key) -> bool {
     slots[slot as usize].as_ref().is_some_and(|e| e.key == *key)
 }
 
@@ -208,7 +209,8 @@ enum List {
 /// Slab + hash index of keys.
 #[derive(Clone)]
 pub(crate) struct KeyTable {
-    pub(crate) slots: Vec<Option<Entry>>,
+    /// The slab: chunked, so that growing it never copies the entries (see [`Chunked`]).
+    pub(crate) slots: Chunked<Option<Entry>>,
     pub(crate) vacant: Vec<u32>,
     pub(crate) index: SlotIndex,
     pub(crate) hasher: Hasher,
@@ -230,7 +232,7 @@ impl core::fmt::Debug for KeyTable {
 impl KeyTable {
     pub(crate) fn new(seed: u64) -> KeyTable {
         KeyTable {
-            slots: Vec::new(),
+            slots: Chunked::new(),
             vacant: Vec::new(),
             index: SlotIndex::default(),
             hasher: Hasher::with_seed(seed),
@@ -422,7 +424,7 @@ impl KeyTable {
 
     /// Starts fetching `slot`'s entry.
     pub(crate) fn prefetch_entry(&self, slot: u32) {
-        crate::slot_index::prefetch(self.slots.as_ptr().wrapping_add(slot as usize));
+        crate::slot_index::prefetch(self.slots.ptr(slot as usize));
     }
 
     /// Starts fetching the entries a [`KeyTable::touch`] of the live `slot` writes: its

@@ -12,7 +12,8 @@
 //! - `state`: [`Core::apply`], the rules (allocation, confirm/release, completeness, expiry).
 //! - `pool`: one rank's pages: a lazily materialised free list and a per-page state table.
 //! - `keys`: the key table: a slab of entries behind a seeded hash index of slots
-//!   (`slot_index`: open addressing, one `u64` per bucket).
+//!   (`slot_index`: open addressing, one `u64` per bucket; `chunked`: the slab, grown by chunks
+//!   so that growing never copies it).
 //! - [`key`]: [`Key`], compact for 32-hex keys, echoed exactly as sent.
 //! - `state/snapshot`: `Core::snapshot` / `Core::restore` (feature `serde`): the whole state as
 //!   versioned, deterministic bytes.
@@ -28,6 +29,7 @@
 
 extern crate alloc;
 
+mod chunked;
 pub mod command;
 pub mod error;
 pub mod key;
